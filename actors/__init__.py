@@ -1,0 +1,1 @@
+"""Thin Ray actors: rollout, reward, filter."""

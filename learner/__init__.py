@@ -1,0 +1,1 @@
+"""The DeepSpeed learner actor and weight sync."""

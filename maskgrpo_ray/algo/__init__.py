@@ -1,0 +1,1 @@
+"""Pure Mask-GRPO math: no ray, deepspeed or torch.distributed imports."""

@@ -1,0 +1,183 @@
+"""Show-o's unmasking, made recordable (DESIGN.md section 3, "Rollout").
+
+One step at state ``Y_t``: sample a token at every masked position from
+``softmax(logits / temperature)``, score each by ``log p(x_i) + tau_t * Gumbel`` (``tau`` anneals
+by compounding, ``tau <- tau * (1 - (t+1)/S)``), re-mask the ``m_t`` lowest and commit the rest.
+Already-committed positions are never re-masked. The random draws happen in the reference's
+order (one ``multinomial`` over ``[N*L, V]``, then one ``uniform_`` over ``[N, L]``), so with the
+same generator and logits the sampler reproduces Show-o's ``t2i_generate`` exactly.
+
+The trajectory is recorded compactly: ``unmask_step[n, i]`` is the step at which position ``i``
+of sample ``n`` was committed (``-1`` if it was given). The state before step ``t`` is therefore
+``final_tokens`` where ``unmask_step < t`` and masked elsewhere; :func:`replay_states` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from maskgrpo_ray.algo.schedule import num_masked_after_step
+from maskgrpo_ray.algo.transition import step_log_prob
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # tokens [N, L] (mask = V) -> [N, L, V]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One unmasking step for ``N`` samples."""
+
+    next_tokens: torch.Tensor  # [N, L] long, state Y_{t+1} (masked = V)
+    sampled: torch.Tensor  # [N, L] long, sampled token at every position (known ones kept)
+    masked: torch.Tensor  # [N, L] bool, masked before the step
+    unmasked: torch.Tensor  # [N, L] bool, newly unmasked U_t
+    log_theta: torch.Tensor  # [N] float, log of the smallest committed probability
+    tau: float  # Gumbel temperature used at this step
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A recorded rollout of ``N`` samples over ``S`` steps."""
+
+    final_tokens: torch.Tensor  # [N, L] long, all positions filled
+    unmask_step: torch.Tensor  # [N, L] long, step that committed each position (-1 = given)
+    old_logp: torch.Tensor  # [N, S] float32, transition log-prob under the sampling policy
+    log_theta: torch.Tensor  # [N, S] float32, log of the step's threshold theta_t
+    sampled: torch.Tensor | None  # [N, S, L] long, sampled tokens per step (AR-style only)
+    kind: str  # transition definition of old_logp: "p1" | "p2" | "ar"
+
+
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
+    """``-log(-log(u))`` with ``u ~ U(0, 1)`` and Show-o's 1e-20 clamps, float32."""
+    u = torch.zeros(shape, dtype=torch.float32).uniform_(0, 1, generator=generator)
+    return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
+
+
+def unmask_step(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    step: int,
+    num_steps: int,
+    tau: float,
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> StepOutcome:
+    """Advance ``Y_t -> Y_{t+1}``.
+
+    Args:
+        logits: float ``[N, L, V]`` codebook logits at ``Y_t`` (guidance already mixed in).
+        tokens: long ``[N, L]``, the state ``Y_t`` with masked positions equal to ``V``.
+        step: ``t`` (0-based); ``num_steps``: ``S``.
+        tau: the previous step's Gumbel temperature (``tau_0`` before step 0); this step uses
+            ``tau * (1 - (t+1)/S)`` (Show-o's compounding anneal).
+        temperature: sampling temperature applied to the logits.
+        generator: torch generator on the logits' device for the multinomial and Gumbel draws.
+    """
+    n, length, vocab = logits.shape
+    masked = tokens == vocab  # [N, L]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
+    draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
+    sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
+    conf = probs.gather(-1, sampled.clamp(max=vocab - 1).unsqueeze(-1)).squeeze(-1)  # [N, L]
+    conf = torch.where(masked, conf, torch.full_like(conf, torch.finfo(torch.float32).max))
+    tau = tau * (1.0 - (step + 1) / num_steps)
+    noise = gumbel_noise((n, length), generator).to(logits.device)
+    score = torch.log(conf.clamp(min=1e-20)) + tau * noise  # [N, L]
+    num_masked = masked.sum(-1)  # [N]
+    keep_masked = torch.tensor(
+        [num_masked_after_step(step, num_steps, length, int(c)) for c in num_masked.tolist()],
+        device=logits.device,
+    )  # [N], m_t per row
+    if step >= num_steps - 1:
+        remask = torch.zeros_like(masked)
+    else:
+        cutoff = score.sort(dim=-1).values.gather(-1, keep_masked.unsqueeze(-1))  # [N, 1]
+        remask = masked & (score < cutoff)
+    unmasked = masked & ~remask
+    next_tokens = torch.where(remask, torch.full_like(sampled, vocab), sampled)
+    log_conf = torch.log(conf.clamp(min=1e-38))
+    big = torch.full_like(log_conf, torch.finfo(torch.float32).max)
+    log_theta = torch.where(unmasked, log_conf, big).amin(-1)  # [N]
+    return StepOutcome(next_tokens, sampled, masked, unmasked, log_theta, tau)
+
+
+def rollout(
+    logits_fn: LogitsFn,
+    initial_tokens: torch.Tensor,
+    codebook_size: int,
+    *,
+    num_steps: int,
+    temperature: float = 1.0,
+    gumbel_temperature: float = 1.0,
+    kind: str = "p1",
+    generator: torch.Generator | None = None,
+) -> Trajectory:
+    """Run ``S`` unmasking steps from ``initial_tokens`` and record the trajectory.
+
+    Args:
+        logits_fn: ``tokens [N, L] -> logits [N, L, V]`` with the condition (and guidance) bound.
+        initial_tokens: long ``[N, L]``, usually all ``V`` (fully masked).
+        codebook_size: ``V``.
+        num_steps: ``S``; temperature: sampling temperature; gumbel_temperature: ``tau_0``.
+        kind: transition definition cached as ``old_logp`` (see ``transition.step_log_prob``).
+        generator: torch generator for reproducible draws.
+
+    Returns:
+        The :class:`Trajectory`; ``old_logp[:, t]`` is the log-probability of step ``t`` under
+        the logits that produced it, which the learner must reproduce before its first update.
+    """
+    tokens = initial_tokens.clone()
+    n, length = tokens.shape
+    commit_step = torch.where(tokens == codebook_size, -2, -1).to(torch.long)
+    old_logp, log_theta, sampled_all = [], [], []
+    tau = gumbel_temperature
+    for t in range(num_steps):
+        logits = logits_fn(tokens).float()  # [N, L, V]
+        out = unmask_step(logits, tokens, t, num_steps, tau, temperature=temperature,
+                          generator=generator)
+        tau = out.tau
+        step_tokens = out.sampled
+        old_logp.append(step_log_prob(logits / temperature, out.masked, out.unmasked,
+                                      step_tokens, kind))
+        log_theta.append(out.log_theta)
+        if kind == "ar":
+            sampled_all.append(torch.where(out.masked, out.sampled, codebook_size))
+        commit_step = torch.where(out.unmasked, t, commit_step)
+        tokens = out.next_tokens
+    if bool((commit_step == -2).any()):
+        raise RuntimeError("rollout ended with masked positions; the last step must commit all")
+    return Trajectory(
+        final_tokens=tokens,
+        unmask_step=commit_step,
+        old_logp=torch.stack(old_logp, dim=1).float(),
+        log_theta=torch.stack(log_theta, dim=1).float(),
+        sampled=torch.stack(sampled_all, dim=1) if kind == "ar" else None,
+        kind=kind,
+    )
+
+
+def replay_states(
+    final_tokens: torch.Tensor,
+    unmask_step: torch.Tensor,
+    steps: torch.Tensor,
+    codebook_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rebuild (state, masked, newly unmasked) for (sample, step) pairs from the record.
+
+    Args:
+        final_tokens: long ``[M, L]`` final tokens of each pair's sample.
+        unmask_step: long ``[M, L]`` the sample's commit step per position.
+        steps: long ``[M]`` the step ``t`` of each pair.
+        codebook_size: ``V`` (the mask value).
+
+    Returns:
+        ``tokens [M, L]`` (``Y_t``, masked = V), ``masked [M, L]`` and ``unmasked [M, L]`` bool.
+    """
+    t = steps.view(-1, 1)
+    masked = unmask_step >= t  # [M, L]
+    unmasked = unmask_step == t
+    tokens = torch.where(masked, torch.full_like(final_tokens, codebook_size), final_tokens)
+    return tokens, masked, unmasked

@@ -1,0 +1,73 @@
+"""Transition log-probabilities of one unmasking step (paper Section 3.2, Eq. 13-15).
+
+All three definitions take the codebook logits at state ``Y_t`` under the parameters being
+evaluated and work in log space throughout (``log_softmax`` / ``logsumexp``, never
+``log(softmax)``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+TransitionKind = Literal["p1", "p2", "ar"]
+TRANSITION_KINDS: tuple[str, ...] = ("p1", "p2", "ar")
+# log-probability floor for a remasked position whose Eq. 14 set is empty
+LOG_EMPTY_FLOOR = -69.0  # ~ log(1e-30)
+
+
+def step_log_prob(
+    logits: torch.Tensor,
+    masked: torch.Tensor,
+    unmasked: torch.Tensor,
+    tokens: torch.Tensor,
+    kind: str,
+) -> torch.Tensor:
+    """Log-probability of the transition ``Y_t -> Y_{t+1}`` for each sample.
+
+    Args:
+        logits: float ``[N, L, V]``, codebook logits at state ``Y_t`` (temperature applied).
+        masked: bool ``[N, L]``, positions masked before the step.
+        unmasked: bool ``[N, L]``, positions newly unmasked at the step (``U_t``, the paper's
+            ``Y_t^CaM``); a subset of ``masked``.
+        tokens: long ``[N, L]``, the committed token at each newly unmasked position; for
+            ``"ar"`` the sampled token at every masked position. Other entries are ignored.
+        kind: ``"p2"`` (Eq. 15): ``sum_{i in U_t} log p^i(y_i)``.
+            ``"p1"`` (Eq. 14): ``p2 + sum_{j remasked} log sum_{k: p^j_k < theta} p^j_k`` with
+            ``theta = min_{i in U_t} p^i(y_i)`` under these logits; the exact probability of the
+            transition when the choose-and-move confidence is deterministic (``tau = 0``).
+            ``"ar"`` (Eq. 13): ``sum_{i masked} log p^i(x_i)``, the AR-style baseline.
+
+    Returns:
+        float ``[N]``. An empty committed or remasked set contributes 0.
+    """
+    if kind not in TRANSITION_KINDS:
+        raise ValueError(f"kind must be one of {TRANSITION_KINDS}, got {kind!r}")
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, L, V]
+    safe_tokens = tokens.clamp(0, logp.shape[-1] - 1)
+    tok_logp = logp.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)  # [N, L]
+    if kind == "ar":
+        return torch.where(masked, tok_logp, torch.zeros_like(tok_logp)).sum(-1)
+    committed = torch.where(unmasked, tok_logp, torch.zeros_like(tok_logp)).sum(-1)  # [N]
+    if kind == "p2":
+        return committed
+    # Eq. 14: threshold = smallest committed probability (log space), no gradient through the
+    # set membership; the logsumexp over the members carries the gradient.
+    inf = torch.finfo(logp.dtype).max
+    log_theta = torch.where(unmasked, tok_logp, torch.full_like(tok_logp, inf)).amin(-1)  # [N]
+    remasked = masked & ~unmasked  # [N, L]
+    below = logp.detach() < log_theta.detach()[:, None, None]  # [N, L, V]
+    # A row with no entry below theta would make logsumexp -inf and its gradient NaN; give it
+    # a finite stand-in and replace its value below.
+    nonempty = below.any(-1)  # [N, L]
+    below = below | ~nonempty[..., None]
+    log_q = torch.logsumexp(logp.masked_fill(~below, float("-inf")), dim=-1)  # [N, L]
+    # Eq. 14 gives probability 0 to a remasked position with nothing below theta (possible only
+    # when the rollout's confidence had Gumbel noise, tau > 0): floor it at LOG_EMPTY_FLOOR.
+    log_q = torch.where(nonempty, log_q, torch.full_like(log_q, LOG_EMPTY_FLOOR))
+    # Guard: no remasked position, or no committed token (empty U_t: theta undefined, and the
+    # step keeps everything masked with probability 1).
+    use = remasked & unmasked.any(-1, keepdim=True)
+    log_q = torch.where(use, log_q, torch.zeros_like(log_q))
+    return committed + log_q.sum(-1)
