@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter, percentile
-from maskgrpo_ray.algo.grpo import grpo_loss, group_advantages, select_train_steps
+from maskgrpo_ray.algo.grpo import group_advantages, grpo_loss, select_train_steps
 from maskgrpo_ray.algo.schedule import num_masked_after_step, tokens_per_step
 
 
@@ -40,7 +40,7 @@ def test_schedule_matches_showo_fixture_run(showo_fixtures):
     n_cond = io["cond_input_ids"].shape[0]
     length = io["image_tokens"].shape[1]
     mask_id = int(ids.max())  # the mask token is the largest id in the vocabulary
-    image = ids[:, :n_cond, -(length + 1):-1]  # [S, B, L]
+    image = ids[:, :n_cond, -(length + 1) : -1]  # [S, B, L]
     masked_before = (image == mask_id).sum(-1)  # [S, B]
     for b in range(n_cond):
         masked = int(masked_before[0, b])
@@ -86,12 +86,20 @@ def test_clipped_gradient_is_zero_beyond_clip():
 def test_kl_zero_at_reference_and_nonzero_gradient_away():
     logp = torch.tensor([-1.0, -2.0], requires_grad=True)
     adv = torch.zeros(2)
-    loss, m = grpo_loss(logp, logp.detach(), adv, clip_low=0.2, clip_high=0.2,
-                        ref_logp=logp.detach().clone(), kl_coef=0.1)
+    loss, m = grpo_loss(
+        logp,
+        logp.detach(),
+        adv,
+        clip_low=0.2,
+        clip_high=0.2,
+        ref_logp=logp.detach().clone(),
+        kl_coef=0.1,
+    )
     assert m["kl"] == 0.0
     ref = torch.tensor([-1.5, -1.0])
-    loss, m = grpo_loss(logp, logp.detach(), adv, clip_low=0.2, clip_high=0.2, ref_logp=ref,
-                        kl_coef=0.1)
+    loss, m = grpo_loss(
+        logp, logp.detach(), adv, clip_low=0.2, clip_high=0.2, ref_logp=ref, kl_coef=0.1
+    )
     loss.backward()
     # d/dlogp [exp(ref-logp) - (ref-logp) - 1] = 1 - exp(ref-logp); times 0.1 / 2
     expect = 0.1 / 2 * (1 - torch.exp(ref - logp.detach()))

@@ -13,12 +13,12 @@ from maskgrpo_ray.algo.schedule import num_masked_after_step, tokens_per_step
 from maskgrpo_ray.algo.transition import step_log_prob
 
 
-def _sample_next(logits: torch.Tensor, tokens: torch.Tensor, step: int, steps: int, n: int,
-                 seed: int):
+def _sample_next(
+    logits: torch.Tensor, tokens: torch.Tensor, step: int, steps: int, n: int, seed: int
+):
     """Run one tau=0 step on n copies of the same state; return (unmasked, sampled)."""
     g = torch.Generator().manual_seed(seed)
-    out = unmask_step(logits.expand(n, -1, -1), tokens.expand(n, -1), step, steps, 0.0,
-                      generator=g)
+    out = unmask_step(logits.expand(n, -1, -1), tokens.expand(n, -1), step, steps, 0.0, generator=g)
     return out.unmasked, out.sampled
 
 
@@ -98,16 +98,19 @@ def test_p2_and_ar_hand_computed():
     tokens = torch.tensor([[1, 0, 1]])
     # p2 = log p^1(0) = log(3/4)
     assert float(step_log_prob(logits, masked, unmasked, tokens, "p2")) == pytest.approx(
-        math.log(0.75), abs=1e-6)
+        math.log(0.75), abs=1e-6
+    )
     # ar = log(1/2) + log(3/4) + log(4/5)
     expect = math.log(0.5) + math.log(0.75) + math.log(0.8)
     assert float(step_log_prob(logits, masked, unmasked, tokens, "ar")) == pytest.approx(
-        expect, abs=1e-6)
+        expect, abs=1e-6
+    )
     # p1: theta = 3/4; position 0 has both probs 1/2 < 3/4 -> q = 1; position 2 has 1/5 < 3/4
     # and 4/5 >= 3/4 -> q = 1/5. p1 = log(3/4) + log(1) + log(1/5).
     expect = math.log(0.75) + math.log(0.2)
     assert float(step_log_prob(logits, masked, unmasked, tokens, "p1")) == pytest.approx(
-        expect, abs=1e-6)
+        expect, abs=1e-6
+    )
 
 
 def test_empty_sets_contribute_zero_and_gradients_are_finite():
@@ -128,8 +131,13 @@ def test_p1_empty_below_set_is_floored_not_nan():
     # The committed token is the least likely entry at position 0, so at the remasked
     # position 1 (a copy of it) nothing lies strictly below theta.
     logits = torch.tensor([[[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]], requires_grad=True)
-    lp = step_log_prob(logits, torch.tensor([[True, True]]), torch.tensor([[True, False]]),
-                       torch.tensor([[0, 0]]), "p1")
+    lp = step_log_prob(
+        logits,
+        torch.tensor([[True, True]]),
+        torch.tensor([[True, False]]),
+        torch.tensor([[0, 0]]),
+        "p1",
+    )
     assert torch.isfinite(lp).all()
     lp.sum().backward()
     assert torch.isfinite(logits.grad).all()
@@ -148,9 +156,16 @@ def test_rollout_old_logp_equals_recomputation():
     from maskgrpo_ray.algo.sampling import replay_states
 
     for kind in ("p1", "p2", "ar"):
-        traj = rollout(logits_fn, torch.full((n, length), vocab), vocab, num_steps=steps,
-                       temperature=0.8, gumbel_temperature=1.0, kind=kind,
-                       generator=torch.Generator().manual_seed(1))
+        traj = rollout(
+            logits_fn,
+            torch.full((n, length), vocab),
+            vocab,
+            num_steps=steps,
+            temperature=0.8,
+            gumbel_temperature=1.0,
+            kind=kind,
+            generator=torch.Generator().manual_seed(1),
+        )
         assert (traj.final_tokens < vocab).all()
         for t in range(steps):
             st = torch.full((n,), t)

@@ -1,0 +1,47 @@
+# The commands people type. `make run` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test test-slow test-ci lint format typecheck bench clean-venv help
+
+help:
+	@echo "make run        - train on the embedded toy world on a local Ray cluster"
+	@echo "make test       - the default test suite (what CI runs)"
+	@echo "make test-slow  - the longer end-to-end runs"
+	@echo "make lint       - ruff check + format check; make typecheck - mypy"
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24,<26.2"
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/maskgrpo train --config configs/toy.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not gpu" --timeout=900
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m "slow and not gpu" --timeout=1800
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) bench/bench_logprob_recompute.py
+
+clean-venv:
+	rm -rf $(VENV)

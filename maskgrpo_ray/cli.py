@@ -1,0 +1,112 @@
+"""``maskgrpo`` command line: ``maskgrpo train --config FILE [--set k=v ...] [--run-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from maskgrpo_ray.config import Config, ConfigError, load_config
+
+log = logging.getLogger("maskgrpo")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="maskgrpo", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="run Mask-GRPO training")
+    t.add_argument("--config", default=None, help="YAML config (default: configs/toy.yaml values)")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set train.steps=20 (repeatable)",
+    )
+    t.add_argument("--run-dir", default=None, help="where outputs go (default: runs/<name>-<time>)")
+    t.add_argument(
+        "--backend",
+        choices=["ray", "local"],
+        default=None,
+        help="'local' runs the single-process baseline (same as --set run.backend=local)",
+    )
+    v = sub.add_parser("validate", help="check a config and print it resolved")
+    v.add_argument("--config", default=None)
+    v.add_argument("--set", dest="overrides", action="append", default=[])
+    return p
+
+
+def resolve_run_dir(cfg: Config, arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    if cfg.run.run_dir:
+        return Path(cfg.run.run_dir)
+    return Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_train(cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """Build everything from the config and run the chosen backend."""
+    import torch
+
+    from maskgrpo_ray import driver
+    from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_config
+    from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompts
+    from maskgrpo_ray.metrics import write_json_atomic
+
+    torch.manual_seed(cfg.run.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
+    train_prompts = load_prompts(cfg.data.prompts, "train")
+    eval_prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts, "eval")
+    if cfg.run.backend == "local":
+        from maskgrpo_ray.local import LocalExecutor
+
+        policy = build_policy(cfg)
+        train_prompts, _ = keep_valid_prompts(train_prompts, lambda p: policy.tokenize([p]))
+        eval_prompts, _ = keep_valid_prompts(eval_prompts, lambda p: policy.tokenize([p]))
+        ex: Any = LocalExecutor(cfg, policy, build_reward_from_config(cfg), build_filter(cfg))
+    else:
+        from maskgrpo_ray.ray_executor import RayExecutor
+
+        ex = RayExecutor(cfg)
+        train_prompts, _ = keep_valid_prompts(train_prompts, ex.check_prompt)
+        eval_prompts, _ = keep_valid_prompts(eval_prompts, ex.check_prompt)
+    stream = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)
+    try:
+        return driver.train(
+            cfg, ex, run_dir, stream, eval_prompts, on_step_end=getattr(ex, "on_step_end", None)
+        )
+    finally:
+        ex.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    overrides = list(args.overrides)
+    if getattr(args, "backend", None):
+        overrides.append(f"run.backend={args.backend}")
+    try:
+        cfg = load_config(args.config, overrides)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"maskgrpo: {err}", file=sys.stderr)
+        return 2
+    if args.command == "validate":
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return 0
+    run_dir = resolve_run_dir(cfg, args.run_dir)
+    summary = run_train(cfg, run_dir)
+    print(json.dumps(summary, indent=2))
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

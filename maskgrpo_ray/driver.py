@@ -1,0 +1,241 @@
+"""The step loop, as phases: generate + score, filter + re-sample, advantages, update, sync, log.
+
+The same loop drives both backends through an :class:`Executor`: ``LocalExecutor`` (one process,
+the baseline) and ``maskgrpo_ray.ray_executor.RayExecutor`` (rollout, reward, filter and
+learner actors on a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from maskgrpo_ray.config import Config
+from maskgrpo_ray.metrics import RunLog, write_json_atomic
+from maskgrpo_ray.phases import FilterResult, make_train_batch
+from maskgrpo_ray.types import ScoredBatch
+
+log = logging.getLogger(__name__)
+
+
+class Executor(Protocol):
+    """Where the phases run. Every method is synchronous from the driver's point of view."""
+
+    policy_version: int
+
+    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch: ...
+
+    def filter(self, scored: ScoredBatch) -> FilterResult: ...
+
+    def filter_stats(self) -> dict[str, float]: ...
+
+    def update(self, batch: Any) -> dict[str, float]: ...
+
+    def sync_weights(self) -> float: ...
+
+    def evaluate(self, prompts: list[str]) -> dict[str, float]: ...
+
+    def extra_metrics(self) -> dict[str, float]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class StepOutcome:
+    row: dict[str, Any]
+    scored: ScoredBatch | None
+
+
+def _merge(parts: list[ScoredBatch]) -> ScoredBatch:
+    from maskgrpo_ray.types import RolloutBatch
+
+    rb = RolloutBatch.concat([p.rollout for p in parts])
+    keys = set(parts[0].reward_parts)
+    acc = None
+    if all(p.accuracy is not None for p in parts):
+        acc = torch.cat([p.accuracy for p in parts])  # type: ignore[misc]
+    return ScoredBatch(
+        rb,
+        torch.cat([p.rewards for p in parts]),
+        {k: torch.cat([p.reward_parts[k] for p in parts]) for k in keys},
+        acc,
+    )
+
+
+def collect_groups(
+    ex: Executor, cfg: Config, prompts: list[str], positions: list[int], timer: PhaseTimer
+) -> tuple[ScoredBatch, torch.Tensor, dict[str, float]]:
+    """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
+
+    Returns the scored groups (kept and not), the keep mask ``[B']`` and counters.
+    """
+    kept_parts: list[ScoredBatch] = []
+    all_parts: list[ScoredBatch] = []
+    stats = {
+        "groups_generated": 0.0,
+        "groups_dropped": 0.0,
+        "groups_invalid": 0.0,
+        "groups_exhausted": 0.0,
+    }
+    todo_prompts, todo_pos = prompts, positions
+    for attempt in range(cfg.filter.max_resamples + 1):
+        with timer("generate_score"):
+            scored = ex.generate_and_score(todo_prompts, todo_pos)
+        all_parts.append(scored)
+        with timer("filter"):
+            res = ex.filter(scored)
+        stats["groups_generated"] += len(todo_prompts)
+        stats["groups_invalid"] += float(res.invalid.sum())
+        dropped = ~res.keep & ~res.invalid
+        stats["groups_dropped"] += float(dropped.sum())
+        if res.keep.any():
+            kept_parts.append(_scored_groups(scored, res.keep))
+        if not dropped.any():
+            break
+        idx = dropped.nonzero().squeeze(1).tolist()
+        todo_prompts = [todo_prompts[i] for i in idx]
+        todo_pos = [todo_pos[i] for i in idx]
+        if attempt == cfg.filter.max_resamples:
+            stats["groups_exhausted"] += len(idx)
+    kept = _merge(kept_parts) if kept_parts else None
+    everything = _merge(all_parts)
+    if kept is None:
+        return everything, torch.zeros(0, dtype=torch.bool), stats
+    return kept, torch.ones(len(kept.rollout.prompts), dtype=torch.bool), stats
+
+
+def _scored_groups(scored: ScoredBatch, keep: torch.Tensor) -> ScoredBatch:
+    rows = keep.repeat_interleave(scored.rollout.group_size)
+    return ScoredBatch(
+        scored.rollout.group_slice(keep),
+        scored.rewards[rows],
+        {k: v[rows] for k, v in scored.reward_parts.items()},
+        None if scored.accuracy is None else scored.accuracy[rows],
+    )
+
+
+def run_step(
+    ex: Executor,
+    cfg: Config,
+    step: int,
+    prompts: list[str],
+    positions: list[int],
+) -> StepOutcome:
+    timer = PhaseTimer()
+    t0 = time.perf_counter()
+    scored, keep, counts = collect_groups(ex, cfg, prompts, positions, timer)
+    row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **counts}
+    finite = scored.rewards[torch.isfinite(scored.rewards)]
+    row["reward_mean"] = float(finite.mean()) if finite.numel() else float("nan")
+    row["reward_std"] = float(finite.std()) if finite.numel() > 1 else float("nan")
+    for k, v in scored.reward_parts.items():
+        row[f"reward/{k}"] = float(v[torch.isfinite(v)].mean()) if v.numel() else float("nan")
+    if scored.accuracy is not None:
+        a = scored.accuracy[torch.isfinite(scored.accuracy)]
+        row["accuracy"] = float(a.mean()) if a.numel() else float("nan")
+    row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
+    n_samples = int(counts["groups_generated"]) * cfg.rollout.samples_per_prompt
+    if keep.numel() and keep.any():
+        with timer("advantages"):
+            tb = make_train_batch(scored, keep, cfg.train.advantage_eps)
+        with timer("update"):
+            row.update(ex.update(tb))
+        with timer("sync"):
+            row["weight_sync_seconds"] = ex.sync_weights()
+        row["groups_trained"] = float(keep.sum())
+    else:
+        row["groups_trained"] = 0.0
+        log.warning("step %d: no group survived scoring and filtering; update skipped", step)
+    row.update(ex.filter_stats())
+    row.update(ex.extra_metrics())
+    row.update({f"time/{k}": v for k, v in timer.seconds.items()})
+    wall = time.perf_counter() - t0
+    row["step_seconds"] = wall
+    row["samples_per_second"] = n_samples / wall if wall > 0 else float("nan")
+    return StepOutcome(row, scored)
+
+
+def train(
+    cfg: Config,
+    ex: Executor,
+    run_dir: Path,
+    stream: Any,
+    eval_prompts: list[str],
+    start_step: int = 0,
+    on_step_end: Any = None,
+) -> dict[str, Any]:
+    """The whole run: base eval, the step loop, final eval, ``summary.json``."""
+    runlog = RunLog(run_dir)
+    t_start = time.perf_counter()
+    base = ex.evaluate(eval_prompts) if start_step == 0 else {}
+    if base:
+        log.info("base model: %s", base)
+    bar = None
+    if cfg.logging.progress_bar:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.steps, initial=start_step, desc="maskgrpo", unit="step")
+    total_samples = 0.0
+    train_seconds = 0.0
+    for step in range(start_step, cfg.train.steps):
+        prompts, positions = stream.take(cfg.train.prompts_per_step)
+        out = run_step(ex, cfg, step, prompts, positions)
+        row = out.row
+        total_samples += row["groups_generated"] * cfg.rollout.samples_per_prompt
+        train_seconds += row["step_seconds"]
+        every = cfg.eval.every_steps
+        if every and (step + 1) % every == 0 and step + 1 < cfg.train.steps:
+            row.update(ex.evaluate(eval_prompts))
+        g = cfg.logging.sample_grid_every_steps
+        if g and out.scored is not None and (step % g == 0 or step == cfg.train.steps - 1):
+            runlog.save_sample_grid(out.scored.rollout.images, step, cfg.rollout.samples_per_prompt)
+        runlog.log_step(row)
+        if on_step_end is not None:
+            on_step_end(step, row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
+            )
+    if bar is not None:
+        bar.close()
+    final = ex.evaluate(eval_prompts)
+    log.info("tuned model: %s", final)
+    runlog.plot_reward_curve()
+    summary = {
+        "backend": cfg.run.backend,
+        "steps": cfg.train.steps,
+        "start_step": start_step,
+        "wall_seconds": time.perf_counter() - t_start,
+        "train_seconds": train_seconds,
+        "samples_per_second": total_samples / train_seconds if train_seconds else None,
+        "base_reward": base.get("eval_reward"),
+        "final_reward": final.get("eval_reward"),
+        "base_accuracy": base.get("eval_accuracy"),
+        "final_accuracy": final.get("eval_accuracy"),
+        "eval_prompts": len(eval_prompts),
+        "eval_samples_per_prompt": cfg.eval.samples_per_prompt,
+        "policy_version": ex.policy_version,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,170 @@
+"""Typed messages between the phases (and the Ray actors): rollout -> scored -> train.
+
+Shapes use the project vocabulary: ``B`` prompts, ``G`` samples per prompt, ``N = B*G``,
+``L`` image tokens, ``S`` unmasking steps, ``P`` condition tokens, ``H x W`` pixels.
+Groups are contiguous: sample ``n`` belongs to prompt ``n // G``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Groups of G samples per prompt with the recorded trajectory and cached old log-probs."""
+
+    prompts: list[str]  # [B]
+    prompt_indices: list[int]  # [B] position of each prompt in the prompt stream
+    group_size: int  # G
+    cond_ids: torch.Tensor  # [N, P] long, the policy's condition ids
+    final_tokens: torch.Tensor  # [N, L] long, codebook tokens
+    unmask_step: torch.Tensor  # [N, L] long, step that committed each position (-1 = given)
+    old_logp: torch.Tensor  # [N, S] float32, transition log-prob under the sampling policy
+    log_theta: torch.Tensor  # [N, S] float32, log threshold theta_t (min committed prob)
+    sampled: torch.Tensor | None  # [N, S, L] long, AR-style only
+    images: torch.Tensor  # [N, H, W, 3] uint8
+    policy_version: int
+    transition: str  # "p1" | "p2" | "ar"
+    guidance_scale: float
+    temperature: float
+
+    @property
+    def num_samples(self) -> int:
+        return self.final_tokens.shape[0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.old_logp.shape[1]
+
+    def validate(self) -> RolloutBatch:
+        b, g = len(self.prompts), self.group_size
+        n = b * g
+        _check(len(self.prompt_indices) == b, "prompt_indices must have one entry per prompt")
+        _check(
+            self.final_tokens.shape[0] == n,
+            f"final_tokens has {self.final_tokens.shape[0]} rows, expected B*G={n}",
+        )
+        _check(
+            self.unmask_step.shape == self.final_tokens.shape,
+            "unmask_step must match final_tokens [N, L]",
+        )
+        _check(self.cond_ids.shape[0] == n, "cond_ids must be [N, P]")
+        _check(
+            self.old_logp.shape[0] == n and self.log_theta.shape == self.old_logp.shape,
+            "old_logp/log_theta must be [N, S]",
+        )
+        _check(
+            self.images.dtype == torch.uint8
+            and self.images.shape[0] == n
+            and self.images.shape[-1] == 3,
+            "images must be uint8 [N, H, W, 3]",
+        )
+        _check(
+            (self.sampled is not None) == (self.transition == "ar"),
+            "sampled is recorded iff transition == 'ar'",
+        )
+        _check(bool(torch.isfinite(self.old_logp).all()), "old_logp has non-finite values")
+        return self
+
+    def group_slice(self, keep: torch.Tensor) -> RolloutBatch:
+        """Keep the groups where ``keep`` (bool ``[B]``) is True."""
+        rows = keep.repeat_interleave(self.group_size)
+        idx = keep.nonzero().squeeze(1).tolist()
+        return replace(
+            self,
+            prompts=[self.prompts[i] for i in idx],
+            prompt_indices=[self.prompt_indices[i] for i in idx],
+            cond_ids=self.cond_ids[rows],
+            final_tokens=self.final_tokens[rows],
+            unmask_step=self.unmask_step[rows],
+            old_logp=self.old_logp[rows],
+            log_theta=self.log_theta[rows],
+            sampled=None if self.sampled is None else self.sampled[rows],
+            images=self.images[rows],
+        )
+
+    @staticmethod
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
+        first = batches[0]
+        if len(batches) == 1:
+            return first
+        cat = {}
+        for f in fields(RolloutBatch):
+            vals = [getattr(b, f.name) for b in batches]
+            if f.name in ("prompts", "prompt_indices"):
+                cat[f.name] = [x for v in vals for x in v]
+            elif f.name == "policy_version":
+                cat[f.name] = min(vals)
+            elif isinstance(vals[0], torch.Tensor):
+                cat[f.name] = torch.cat(vals)
+            else:
+                cat[f.name] = vals[0]
+        return RolloutBatch(**cat)
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """A rollout with its rewards; NaN rewards mark failed scores (their groups are skipped)."""
+
+    rollout: RolloutBatch
+    rewards: torch.Tensor  # [N] float32 (weighted total)
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
+    accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
+
+    def validate(self) -> ScoredBatch:
+        n = self.rollout.num_samples
+        _check(self.rewards.shape == (n,), f"rewards must be [N={n}]")
+        for k, v in self.reward_parts.items():
+            _check(v.shape == (n,), f"reward part {k!r} must be [N={n}]")
+        return self
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """What the learner needs: the kept groups' trajectories and their advantages."""
+
+    group_size: int  # G
+    cond_ids: torch.Tensor  # [N, P] long
+    final_tokens: torch.Tensor  # [N, L] long
+    unmask_step: torch.Tensor  # [N, L] long
+    old_logp: torch.Tensor  # [N, S] float32
+    sampled: torch.Tensor | None  # [N, S, L] long (AR-style only)
+    advantages: torch.Tensor  # [N] float32
+    transition: str
+    guidance_scale: float
+    temperature: float
+    policy_version: int  # oldest policy version among the rollouts
+
+    @property
+    def num_samples(self) -> int:
+        return self.final_tokens.shape[0]
+
+    def validate(self) -> TrainBatch:
+        n = self.num_samples
+        _check(self.advantages.shape == (n,), f"advantages must be [N={n}]")
+        _check(bool(torch.isfinite(self.advantages).all()), "advantages must be finite")
+        _check(self.old_logp.shape[0] == n, "old_logp must be [N, S]")
+        return self
+
+    def shard(self, rank: int, world: int) -> TrainBatch:
+        """Whole groups for learner rank ``rank`` of ``world`` (round robin over groups)."""
+        groups = self.num_samples // self.group_size
+        keep = (torch.arange(groups) % world) == rank
+        rows = keep.repeat_interleave(self.group_size)
+        return replace(
+            self,
+            cond_ids=self.cond_ids[rows],
+            final_tokens=self.final_tokens[rows],
+            unmask_step=self.unmask_step[rows],
+            old_logp=self.old_logp[rows],
+            sampled=None if self.sampled is None else self.sampled[rows],
+            advantages=self.advantages[rows],
+        )
