@@ -84,7 +84,9 @@ def grpo_loss(
         loss = loss + kl_coef * kl.sum() / denom
         kl_value = float(kl.detach().mean()) if kl.numel() else 0.0
     with torch.no_grad():
-        is_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
+        is_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | (
+            (ratio > 1.0 + clip_high) & (adv > 0)
+        )
         metrics = {
             "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
             "clip_frac": float(is_clipped.float().mean()) if ratio.numel() else 0.0,

@@ -136,12 +136,14 @@ def rollout(
     tau = gumbel_temperature
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
-        out = unmask_step(logits, tokens, t, num_steps, tau, temperature=temperature,
-                          generator=generator)
+        out = unmask_step(
+            logits, tokens, t, num_steps, tau, temperature=temperature, generator=generator
+        )
         tau = out.tau
         step_tokens = out.sampled
-        old_logp.append(step_log_prob(logits / temperature, out.masked, out.unmasked,
-                                      step_tokens, kind))
+        old_logp.append(
+            step_log_prob(logits / temperature, out.masked, out.unmasked, step_tokens, kind)
+        )
         log_theta.append(out.log_theta)
         if kind == "ar":
             sampled_all.append(torch.where(out.masked, out.sampled, codebook_size))
