@@ -63,7 +63,9 @@ class RolloutConfig(_Strict):
     samples_per_prompt: int = Field(6, description="G, images per prompt (a group)")
     num_steps: int = Field(8, ge=1, description="unmasking steps in training rollouts")
     temperature: float = Field(1.0, gt=0)
-    gumbel_temperature: float = Field(1.0, ge=0, description="tau_0 of the choose-and-move noise")
+    gumbel_temperature: float = Field(
+        0.0, ge=0, description="tau_0 of the choose-and-move noise (Show-o uses 1.0)"
+    )
     guidance_scale: float = Field(0.0, ge=0, description="Show-o CFG w: (1+w) cond - w uncond")
     transition: Literal["p1", "p2", "ar"] = "p1"
     num_actors: int = Field(2, ge=1)
@@ -114,9 +116,9 @@ class FilterConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(40, ge=0)
-    prompts_per_step: int = Field(8, ge=1, description="B, prompts (groups) per update")
-    learning_rate: float = 3e-4
+    steps: int = Field(120, ge=0)
+    prompts_per_step: int = Field(16, ge=1, description="B, prompts (groups) per update")
+    learning_rate: float = 1e-3
     warmup_steps: int = Field(
         10, ge=0, description="linear LR warm-up (Adam's first steps are sign-like)"
     )
@@ -130,7 +132,7 @@ class TrainConfig(_Strict):
     step_selection: Literal["all", "first", "last", "random"] = "all"
     steps_trained: int = Field(0, ge=0, description="k for first/last/random step selection")
     micro_batch_samples_per_gpu: int = Field(
-        64, ge=1, description="(sample, step) pairs per forward"
+        256, ge=1, description="(sample, step) pairs per forward"
     )
     updates_per_batch: int = Field(1, ge=1, description="optimizer passes over each batch")
 
@@ -154,7 +156,7 @@ class LearnerConfig(_Strict):
 
 class EvalConfig(_Strict):
     every_steps: int = Field(0, ge=0, description="0: evaluate only before and after training")
-    samples_per_prompt: int = Field(4, ge=1)
+    samples_per_prompt: int = Field(32, ge=1)
     num_steps: int | None = Field(
         None, ge=1, description="eval unmasking steps (default: rollout's)"
     )
@@ -168,7 +170,7 @@ class DataConfig(_Strict):
 
 
 class LoggingConfig(_Strict):
-    sample_grid_every_steps: int = Field(10, ge=0)
+    sample_grid_every_steps: int = Field(20, ge=0)
     progress_bar: bool = True
 
 
@@ -176,7 +178,7 @@ class RunConfig(_Strict):
     backend: Literal["ray", "local"] = Field("ray", description="'local' = single-process baseline")
     seed: int = 0
     run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
-    name: str = "maskgrpo"
+    name: str = "toy"
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS or a new local cluster")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray cluster")
     checkpoint_every_steps: int = Field(0, ge=0)

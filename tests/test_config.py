@@ -48,3 +48,8 @@ def test_override_syntax_error():
                                   "configs/showo_512_clip.yaml", "configs/showo_tiny_random.yaml"])
 def test_shipped_configs_validate(path):
     load_config(path)
+
+
+def test_embedded_default_equals_toy_yaml():
+    # `maskgrpo train` without --config runs the toy world: the model defaults are configs/toy.yaml
+    assert load_config(None) == load_config("configs/toy.yaml")
