@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from maskgrpo_ray.checkpoint import latest_checkpoint
 from maskgrpo_ray.config import Config, ConfigError, load_config
 
 log = logging.getLogger("maskgrpo")
@@ -30,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--run-dir", default=None, help="where outputs go (default: runs/<name>-<time>)")
     t.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its latest checkpoint, with its saved config",
+    )
+    t.add_argument(
         "--backend",
         choices=["ray", "local"],
         default=None,
@@ -49,7 +58,7 @@ def resolve_run_dir(cfg: Config, arg: str | None) -> Path:
     return Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_train(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
     """Build everything from the config and run the chosen backend."""
     import torch
 
@@ -60,7 +69,9 @@ def run_train(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
     torch.manual_seed(cfg.run.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
+    resolved = cfg.model_dump(mode="json")
+    write_json_atomic(run_dir / "config.json", resolved)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     train_prompts = load_prompts(cfg.data.prompts, "train")
     eval_prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts, "eval")
     if cfg.run.backend == "local":
@@ -79,7 +90,13 @@ def run_train(cfg: Config, run_dir: Path) -> dict[str, Any]:
     stream = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)
     try:
         return driver.train(
-            cfg, ex, run_dir, stream, eval_prompts, on_step_end=getattr(ex, "on_step_end", None)
+            cfg,
+            ex,
+            run_dir,
+            stream,
+            eval_prompts,
+            resume_from=resume_from,
+            on_step_end=getattr(ex, "on_step_end", None),
         )
     finally:
         ex.shutdown()
@@ -93,16 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if getattr(args, "backend", None):
         overrides.append(f"run.backend={args.backend}")
+    resume_from = None
     try:
-        cfg = load_config(args.config, overrides)
+        if getattr(args, "resume", None):
+            run_dir = Path(args.resume)
+            resume_from = latest_checkpoint(run_dir)
+            if resume_from is None:
+                raise ConfigError(f"--resume {run_dir}: no complete checkpoint under "
+                                  f"{run_dir}/checkpoints (set run.checkpoint_every_steps)")
+            cfg = load_config(args.config or run_dir / "config.yaml", overrides)
+        else:
+            cfg = load_config(args.config, overrides)
     except (ConfigError, FileNotFoundError) as err:
         print(f"maskgrpo: {err}", file=sys.stderr)
         return 2
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
-    run_dir = resolve_run_dir(cfg, args.run_dir)
-    summary = run_train(cfg, run_dir)
+    if resume_from is None:
+        run_dir = resolve_run_dir(cfg, args.run_dir)
+    summary = run_train(cfg, run_dir, resume_from)
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")
     return 0

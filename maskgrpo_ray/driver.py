@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from maskgrpo_ray.checkpoint import save_checkpoint
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
 from maskgrpo_ray.phases import FilterResult, make_train_batch
@@ -43,6 +44,12 @@ class Executor(Protocol):
     def evaluate(self, prompts: list[str]) -> dict[str, float]: ...
 
     def extra_metrics(self) -> dict[str, float]: ...
+
+    def save(self, folder: Path) -> None:
+        """Write weights, optimizer, RNG streams, filter state and version into ``folder``."""
+
+    def load(self, folder: Path) -> None:
+        """Restore what :meth:`save` wrote."""
 
     def shutdown(self) -> None: ...
 
@@ -175,34 +182,49 @@ def run_step(
     return StepOutcome(row, scored)
 
 
-def train(
-    cfg: Config,
-    ex: Executor,
-    run_dir: Path,
-    stream: Any,
-    eval_prompts: list[str],
-    start_step: int = 0,
-    on_step_end: Any = None,
-) -> dict[str, Any]:
-    """The whole run: base eval, the step loop, final eval, ``summary.json``."""
+def _save(cfg: Config, ex: Executor, run_dir: Path, next_step: int, stream: Any,
+          base: dict[str, float], totals: dict[str, float]) -> None:
+    def write(folder: Path) -> None:
+        ex.save(folder)
+        torch.save({"next_step": next_step, "stream": stream.state_dict(), "base": base,
+                    "totals": totals}, folder / "driver.pt")
+
+    path = save_checkpoint(run_dir, next_step, write, cfg.run.keep_checkpoints)
+    log.info("checkpoint %s", path)
+
+
+def train(cfg: Config, ex: Executor, run_dir: Path, stream: Any, eval_prompts: list[str],
+          resume_from: Path | None = None, on_step_end: Any = None) -> dict[str, Any]:
+    """The whole run: base eval, the step loop, final eval, ``summary.json``.
+
+    With ``resume_from`` (a checkpoint folder) the executor, the prompt stream and the step
+    counter are restored and the loop continues where the checkpoint was taken.
+    """
     runlog = RunLog(run_dir)
     t_start = time.perf_counter()
-    base = ex.evaluate(eval_prompts) if start_step == 0 else {}
-    if base:
+    totals = {"samples": 0.0, "train_seconds": 0.0}
+    start_step = 0
+    if resume_from is not None:
+        state = torch.load(resume_from / "driver.pt", weights_only=True)
+        ex.load(resume_from)
+        stream.load_state_dict(state["stream"])
+        start_step, base, totals = int(state["next_step"]), dict(state["base"]), dict(state["totals"])
+        runlog.truncate_from(start_step)
+        log.info("resumed from %s at step %d", resume_from, start_step)
+    else:
+        base = ex.evaluate(eval_prompts)
         log.info("base model: %s", base)
     bar = None
     if cfg.logging.progress_bar:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.train.steps, initial=start_step, desc="maskgrpo", unit="step")
-    total_samples = 0.0
-    train_seconds = 0.0
     for step in range(start_step, cfg.train.steps):
         prompts, positions = stream.take(cfg.train.prompts_per_step)
         out = run_step(ex, cfg, step, prompts, positions)
         row = out.row
-        total_samples += row["groups_generated"] * cfg.rollout.samples_per_prompt
-        train_seconds += row["step_seconds"]
+        totals["samples"] += row["groups_generated"] * cfg.rollout.samples_per_prompt
+        totals["train_seconds"] += row["step_seconds"]
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step + 1 < cfg.train.steps:
             row.update(ex.evaluate(eval_prompts))
@@ -210,25 +232,28 @@ def train(
         if g and out.scored is not None and (step % g == 0 or step == cfg.train.steps - 1):
             runlog.save_sample_grid(out.scored.rollout.images, step, cfg.rollout.samples_per_prompt)
         runlog.log_step(row)
+        ck = cfg.run.checkpoint_every_steps
+        if ck and (step + 1) % ck == 0:
+            _save(cfg, ex, run_dir, step + 1, stream, base, totals)
         if on_step_end is not None:
             on_step_end(step, row)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(
-                reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
-            )
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
+                            sps=f"{row['samples_per_second']:.1f}")
     if bar is not None:
         bar.close()
     final = ex.evaluate(eval_prompts)
     log.info("tuned model: %s", final)
     runlog.plot_reward_curve()
+    train_seconds = totals["train_seconds"]
     summary = {
         "backend": cfg.run.backend,
         "steps": cfg.train.steps,
         "start_step": start_step,
         "wall_seconds": time.perf_counter() - t_start,
         "train_seconds": train_seconds,
-        "samples_per_second": total_samples / train_seconds if train_seconds else None,
+        "samples_per_second": totals["samples"] / train_seconds if train_seconds else None,
         "base_reward": base.get("eval_reward"),
         "final_reward": final.get("eval_reward"),
         "base_accuracy": base.get("eval_accuracy"),

@@ -4,6 +4,7 @@ system is measured against, and the engine of the tests and ablations."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,6 +110,32 @@ class LocalExecutor:
 
     def extra_metrics(self) -> dict[str, float]:
         return {}
+
+    def save(self, folder: Path) -> None:
+        """Weights, optimizer, RNG streams, filter history and policy version into ``folder``."""
+        torch.save(self.policy.state_dict(), folder / "policy.pt")
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(
+            {
+                "generator": self.generator.get_state(),
+                "step_generator": self.step_generator.get_state(),
+                "torch": torch.get_rng_state(),
+                "policy_version": self.policy_version,
+                "filter": self.filt.state_dict() if self.filt is not None else None,
+            },
+            folder / "executor.pt",
+        )
+
+    def load(self, folder: Path) -> None:
+        self.policy.load_state_dict(torch.load(folder / "policy.pt", weights_only=True))
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        state = torch.load(folder / "executor.pt", weights_only=True)
+        self.generator.set_state(state["generator"])
+        self.step_generator.set_state(state["step_generator"])
+        torch.set_rng_state(state["torch"])
+        self.policy_version = int(state["policy_version"])
+        if state["filter"] is not None:
+            self.filt = StdHistoryFilter.from_state_dict(state["filter"])
 
     def shutdown(self) -> None:
         pass

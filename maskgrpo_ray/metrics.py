@@ -32,6 +32,13 @@ class RunLog:
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
 
+    def truncate_from(self, step: int) -> None:
+        """Drop rows of ``step`` and later (a resumed run re-does them)."""
+        self.rows = [r for r in self.rows if r.get("step", -1) < step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        tmp.replace(self.path)
+
     def plot_reward_curve(self, name: str = "reward_curve.png") -> Path:
         """Mean training reward per step (blue) and eval accuracy where logged (red)."""
         w, h, pad = 640, 360, 40
