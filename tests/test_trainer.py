@@ -9,8 +9,8 @@ import torch
 
 from maskgrpo_ray.algo.grpo import select_train_steps
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.local import update_settings
 from maskgrpo_ray.config import load_config
+from maskgrpo_ray.local import update_settings
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.phases import (
     accumulate_gradients,
@@ -25,18 +25,38 @@ PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan do
 
 
 def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0):
-    rb = generate(policy, PROMPTS, [0, 1, 2], group_size=4, num_steps=5, temperature=temperature,
-                  gumbel_temperature=gumbel, guidance_scale=guidance, transition=transition,
-                  policy_version=0, generator=torch.Generator().manual_seed(0))
-    return TrainBatch(group_size=4, cond_ids=rb.cond_ids, final_tokens=rb.final_tokens,
-                      unmask_step=rb.unmask_step, old_logp=rb.old_logp, sampled=rb.sampled,
-                      advantages=torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(1)),
-                      transition=transition, guidance_scale=guidance, temperature=temperature,
-                      policy_version=0)
+    rb = generate(
+        policy,
+        PROMPTS,
+        [0, 1, 2],
+        group_size=4,
+        num_steps=5,
+        temperature=temperature,
+        gumbel_temperature=gumbel,
+        guidance_scale=guidance,
+        transition=transition,
+        policy_version=0,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return TrainBatch(
+        group_size=4,
+        cond_ids=rb.cond_ids,
+        final_tokens=rb.final_tokens,
+        unmask_step=rb.unmask_step,
+        old_logp=rb.old_logp,
+        sampled=rb.sampled,
+        advantages=torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(1)),
+        transition=transition,
+        guidance_scale=guidance,
+        temperature=temperature,
+        policy_version=0,
+    )
 
 
-@pytest.mark.parametrize(("transition", "guidance", "temperature"),
-                         [("p1", 0.0, 1.0), ("p2", 1.5, 0.7), ("ar", 0.0, 1.0), ("p1", 2.0, 1.3)])
+@pytest.mark.parametrize(
+    ("transition", "guidance", "temperature"),
+    [("p1", 0.0, 1.0), ("p2", 1.5, 0.7), ("ar", 0.0, 1.0), ("p1", 2.0, 1.3)],
+)
 def test_ratio_is_one_before_the_first_update(transition, guidance, temperature):
     torch.manual_seed(0)
     policy = ToyPolicy(ToyModelSpec(grid=4, d_model=32, layers=1)).eval()
@@ -45,8 +65,12 @@ def test_ratio_is_one_before_the_first_update(transition, guidance, temperature)
     # the learner's batched recomputation (random micro-batch composition) vs the rollout cache
     perm = torch.randperm(len(samples))
     with torch.no_grad():
-        logp = torch.cat([pair_log_probs(policy, batch, samples[perm[i:i + 7]], steps[perm[i:i + 7]])
-                          for i in range(0, len(perm), 7)])
+        logp = torch.cat(
+            [
+                pair_log_probs(policy, batch, samples[perm[i : i + 7]], steps[perm[i : i + 7]])
+                for i in range(0, len(perm), 7)
+            ]
+        )
     old = batch.old_logp[samples[perm], steps[perm]]
     torch.testing.assert_close(logp, old, rtol=0, atol=2e-5)
 
@@ -58,8 +82,9 @@ def test_micro_batching_does_not_change_the_gradient():
     grads = []
     for mb in (1000, 7):
         policy.zero_grad(set_to_none=True)
-        accumulate_gradients(policy, batch, train_steps=torch.arange(5), micro_batch=mb,
-                             clip_low=0.2, clip_high=0.2)
+        accumulate_gradients(
+            policy, batch, train_steps=torch.arange(5), micro_batch=mb, clip_low=0.2, clip_high=0.2
+        )
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
@@ -73,8 +98,14 @@ def test_update_moves_logp_of_positive_advantage_up():
     with torch.no_grad():
         before = pair_log_probs(policy, batch, samples, steps)
     opt = torch.optim.SGD(policy.parameters(), lr=1e-3)
-    local_update(policy, opt, batch, ref_policy=None, generator=None,
-                 **{**update_settings(cfg), "num_steps": 5})
+    local_update(
+        policy,
+        opt,
+        batch,
+        ref_policy=None,
+        generator=None,
+        **{**update_settings(cfg), "num_steps": 5},
+    )
     with torch.no_grad():
         after = pair_log_probs(policy, batch, samples, steps)
     adv = batch.advantages[samples]
@@ -91,11 +122,31 @@ def test_train_step_selection_counts_pairs():
 def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    code = main(["train", "--config", "configs/toy.yaml", "--backend", "local", "--run-dir", str(run),
-                 "--set", "model.toy.pretrain_steps=20", "--set", "train.steps=3",
-                 "--set", "train.prompts_per_step=3", "--set", "rollout.num_steps=4",
-                 "--set", "eval.samples_per_prompt=1", "--set", "logging.sample_grid_every_steps=2",
-                 "--set", "filter.warmup_groups=2"])
+    code = main(
+        [
+            "train",
+            "--config",
+            "configs/toy.yaml",
+            "--backend",
+            "local",
+            "--run-dir",
+            str(run),
+            "--set",
+            "model.toy.pretrain_steps=20",
+            "--set",
+            "train.steps=3",
+            "--set",
+            "train.prompts_per_step=3",
+            "--set",
+            "rollout.num_steps=4",
+            "--set",
+            "eval.samples_per_prompt=1",
+            "--set",
+            "logging.sample_grid_every_steps=2",
+            "--set",
+            "filter.warmup_groups=2",
+        ]
+    )
     assert code == 0
     summary = json.loads((run / "summary.json").read_text())
     for key in ("base_accuracy", "final_accuracy", "steps", "wall_seconds", "samples_per_second"):
@@ -103,9 +154,22 @@ def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
     assert summary["steps"] == 3 and summary["policy_version"] == 3
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    for key in ("reward_mean", "reward_std", "accuracy", "loss", "ratio_mean", "clip_frac", "kl",
-                "filter_drop_rate", "policy_version_lag", "time/update", "samples_per_second"):
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "accuracy",
+        "loss",
+        "ratio_mean",
+        "clip_frac",
+        "kl",
+        "filter_drop_rate",
+        "policy_version_lag",
+        "time/update",
+        "samples_per_second",
+    ):
         assert key in rows[-1], key
     assert (run / "reward_curve.png").exists() and (run / "config.json").exists()
-    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_000000.png",
-                                                                   "step_000002.png"]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == [
+        "step_000000.png",
+        "step_000002.png",
+    ]
