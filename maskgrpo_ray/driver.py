@@ -230,7 +230,12 @@ def train(cfg: Config, ex: Executor, run_dir: Path, stream: Any, eval_prompts: l
             row.update(ex.evaluate(eval_prompts))
         g = cfg.logging.sample_grid_every_steps
         if g and out.scored is not None and (step % g == 0 or step == cfg.train.steps - 1):
-            runlog.save_sample_grid(out.scored.rollout.images, step, cfg.rollout.samples_per_prompt)
+            runlog.save_sample_grid(
+                out.scored.rollout.images,
+                step,
+                cfg.rollout.samples_per_prompt,
+                out.scored.rollout.prompts,
+            )
         runlog.log_step(row)
         ck = cfg.run.checkpoint_every_steps
         if ck and (step + 1) % ck == 0:

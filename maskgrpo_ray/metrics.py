@@ -79,8 +79,10 @@ class RunLog:
         img.save(out)
         return out
 
-    def save_sample_grid(self, images: torch.Tensor, step: int, group_size: int) -> Path:
-        """``uint8 [N, H, W, 3]`` -> one PNG, a row per prompt group, scaled up for viewing."""
+    def save_sample_grid(
+        self, images: torch.Tensor, step: int, group_size: int, prompts: list[str] | None = None
+    ) -> Path:
+        """``uint8 [N, H, W, 3]`` -> one PNG, a row per prompt group labelled with its prompt."""
         n, hh, ww, _ = images.shape
         cols = group_size
         rows = math.ceil(n / cols)
@@ -89,8 +91,16 @@ class RunLog:
         for i in range(n):
             r, c = divmod(i, cols)
             grid[r * (hh + 2) : r * (hh + 2) + hh, c * (ww + 2) : c * (ww + 2) + ww] = images[i]
-        img = Image.fromarray(grid.numpy())
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+        tiles = Image.fromarray(grid.numpy())
+        tiles = tiles.resize((tiles.width * scale, tiles.height * scale), Image.NEAREST)
+        label_w = 260 if prompts else 0
+        img = Image.new("RGB", (tiles.width + label_w, tiles.height), "white")
+        img.paste(tiles, (label_w, 0))
+        if prompts:
+            d = ImageDraw.Draw(img)
+            row_h = (hh + 2) * scale
+            for r, text in enumerate(prompts[:rows]):
+                d.text((4, r * row_h + row_h // 2 - 6), text[:40], fill="black")
         out = self.run_dir / "samples" / f"step_{step:06d}.png"
         img.save(out)
         return out
