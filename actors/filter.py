@@ -1,0 +1,56 @@
+"""FilterActor: owns the std-history filter (paper Section 3.3); its state is saveable.
+
+Decisions must be taken in the order groups arrive, against one history, so there is exactly
+one filter actor per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from maskgrpo_ray.algo.filtering import StdHistoryFilter
+from maskgrpo_ray.build import build_filter
+from maskgrpo_ray.config import Config
+from maskgrpo_ray.phases import FilterResult, filter_groups
+from maskgrpo_ray.types import ScoredBatch
+
+
+class FilterActor:
+    def __init__(self, cfg: Config) -> None:
+        self.filt: StdHistoryFilter | None = build_filter(cfg)
+        self.batches = 0
+        self.groups_kept = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def filter(self, scored: ScoredBatch) -> FilterResult:
+        """Keep / drop / invalid per group (the filter records every valid group's std)."""
+        res = filter_groups(scored, self.filt)
+        self.batches += 1
+        self.groups_kept += int(res.keep.sum())
+        return res
+
+    def stats(self) -> dict[str, float]:
+        """Drop rate, threshold and history (cumulative), and groups kept (effective batch)."""
+        out = self.filt.stats() if self.filt is not None else {}
+        out["filter_groups_kept_total"] = float(self.groups_kept)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "filter": None if self.filt is None else self.filt.state_dict(),
+            "batches": self.batches,
+            "groups_kept": self.groups_kept,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        f = state.get("filter")
+        self.filt = None if f is None else StdHistoryFilter.from_state_dict(f)
+        self.batches = int(state.get("batches", 0))
+        self.groups_kept = int(state.get("groups_kept", 0))
+
+
+RemoteFilterActor = ray.remote(FilterActor)

@@ -1,0 +1,137 @@
+"""Distributed (Ray) vs single-process samples/s on the same toy work, same machine, same run;
+and the weight-sync time against the model's size in bytes.
+
+    .venv/bin/python bench/bench_distributed.py [--steps 10] [--out bench/results_distributed.json]
+
+Both backends run ``driver.train`` on the same config (the toy world, the same prompts and
+seeds); the figure is ``summary.json``'s ``samples_per_second`` (images generated per second of
+step wall time: generate, score, filter, update, sync), which excludes cluster start-up and
+evaluation. Overhead = 1 - ray / local. The weight-sync part pushes state dicts of growing size
+from a learner stand-in to the rollout actors through the object store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def run_backend(backend: str, steps: int, extra: list[str]) -> dict:
+    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.config import load_config
+
+    cfg = load_config(
+        REPO / "configs" / "toy.yaml",
+        [
+            f"run.backend={backend}",
+            f"train.steps={steps}",
+            "logging.progress_bar=false",
+            "logging.sample_grid_every_steps=0",
+            "eval.samples_per_prompt=1",
+            *extra,
+        ],
+    )
+    with tempfile.TemporaryDirectory() as d:
+        summary = run_train(cfg, Path(d))
+        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    # the first step warms caches (DeepSpeed, the object store): report the steady state too
+    steady = [r["samples_per_second"] for r in rows[1:]] or [summary["samples_per_second"]]
+    return {
+        "samples_per_second": summary["samples_per_second"],
+        "steady_median_samples_per_second": statistics.median(steady),
+        "train_seconds": summary["train_seconds"],
+        "weight_sync_seconds_median": statistics.median(
+            [r.get("weight_sync_seconds") or 0.0 for r in rows]
+        ),
+        "time_per_phase_median": {
+            k: statistics.median(r[k] for r in rows if k in r)
+            for k in rows[0]
+            if k.startswith("time/")
+        },
+    }
+
+
+def bench_weight_sync(sizes_mb: list[float], repeats: int, num_targets: int) -> list[dict]:
+    """Object-store sync of a ``size`` MB fp32 state dict to ``num_targets`` actors."""
+    import ray
+    import torch
+
+    @ray.remote(num_cpus=0.1)
+    class Target:
+        def load_weights(self, state: dict, version: int) -> int:
+            return version
+
+    @ray.remote(num_cpus=0.1)
+    class Source:
+        def __init__(self, numel: int) -> None:
+            self.state = {f"w{i}": torch.randn(numel // 8) for i in range(8)}
+
+        def trained_state(self) -> dict:
+            return {k: v.clone() for k, v in self.state.items()}
+
+    targets = [Target.remote() for _ in range(num_targets)]
+    out = []
+    for mb in sizes_mb:
+        numel = int(mb * 2**20 / 4)
+        src = Source.remote(numel)
+        times = []
+        for v in range(repeats):
+            t0 = time.perf_counter()
+            ref = src.trained_state.remote()
+            ray.get([t.load_weights.remote(ref, v) for t in targets], timeout=600)
+            times.append(time.perf_counter() - t0)
+        out.append(
+            {
+                "bytes": numel // 8 * 8 * 4,
+                "seconds_median": statistics.median(times[1:]),
+                "seconds_first": times[0],
+                "targets": num_targets,
+            }
+        )
+        ray.kill(src)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--set", dest="extra", action="append", default=[])
+    ap.add_argument("--sync-sizes-mb", default="0.27,4,16,64")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results_distributed.json"))
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    local = run_backend("local", args.steps, args.extra)
+    ray_run = run_backend("ray", args.steps, args.extra)  # starts and stops its own cluster
+    import ray
+
+    from maskgrpo_ray.ray_cluster import connect
+
+    connect(None, num_cpus=2, include_dashboard=False)
+    sync = bench_weight_sync(
+        [float(x) for x in args.sync_sizes_mb.split(",")], repeats=5, num_targets=2
+    )
+    ray.shutdown()
+    result = {
+        "machine": f"{os.cpu_count()} CPUs",
+        "steps": args.steps,
+        "local": local,
+        "ray": ray_run,
+        "ratio_ray_over_local": ray_run["samples_per_second"] / local["samples_per_second"],
+        "overhead": 1 - ray_run["samples_per_second"] / local["samples_per_second"],
+        "weight_sync": sync,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
