@@ -71,6 +71,9 @@ class RolloutConfig(_Strict):
     num_actors: int = Field(2, ge=1)
     num_cpus_per_actor: float = Field(0.5, ge=0)
     num_gpus_per_actor: float = Field(0.0, ge=0)
+    prompts_per_chunk: int = Field(
+        0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
+    )
 
     @model_validator(mode="after")
     def _group(self) -> RolloutConfig:

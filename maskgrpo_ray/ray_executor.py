@@ -63,7 +63,8 @@ class RayExecutor:
 
     Args:
         cfg: the validated config (resources from ``rollout.*``, ``reward.*``, ``learner.*``).
-        chunk_prompts: prompts per rollout request (the unit of pull-based work).
+        chunk_prompts: prompts per rollout request (the unit of pull-based work); default
+            ``rollout.prompts_per_chunk``, where 0 means ``ceil(B / rollout.num_actors)``.
         timeout_s: longest wait for any single actor call.
         include_dashboard: for a new local cluster (None: Ray's default).
         weight_sync: learner -> rollout transport (default: the object store).
@@ -73,11 +74,15 @@ class RayExecutor:
         self,
         cfg: Config,
         *,
-        chunk_prompts: int = 2,
+        chunk_prompts: int | None = None,
         timeout_s: float = 600.0,
         include_dashboard: bool | None = None,
         weight_sync: WeightSync | None = None,
     ) -> None:
+        if chunk_prompts is None:
+            chunk_prompts = cfg.rollout.prompts_per_chunk or -(
+                -cfg.train.prompts_per_step // cfg.rollout.num_actors
+            )
         self.cfg, self.chunk_prompts, self.timeout_s = cfg, max(1, chunk_prompts), timeout_s
         self.cluster: ClusterHandle = connect(
             cfg.run.ray_address, cfg.run.num_cpus, include_dashboard

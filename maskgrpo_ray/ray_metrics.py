@@ -19,6 +19,8 @@ LATENCY_BOUNDARIES = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 
 GAUGES = {
     "maskgrpo_policy_version": "learner policy version (updates applied)",
+    "maskgrpo_accuracy": "share of the last step's training samples the (rule) reward counts correct",
+    "maskgrpo_policy_version_lag": "learner version minus the version of the rollout behind the last batch",
     "maskgrpo_images_per_second": "generated images per second of step wall time",
     "maskgrpo_filter_drop_rate": "share of groups the std-history filter dropped (cumulative)",
     "maskgrpo_effective_groups": "groups trained in the last step (effective batch size, groups)",
@@ -91,6 +93,8 @@ class RayMetrics:
     def record_step(self, row: dict[str, Any], group_size: int) -> None:
         """Mirror one ``metrics.jsonl`` row (the driver's step figures)."""
         self.count("maskgrpo_steps_total")
+        self.gauge("maskgrpo_accuracy", row.get("accuracy", float("nan")))
+        self.gauge("maskgrpo_policy_version_lag", row.get("policy_version_lag", float("nan")))
         self.count("maskgrpo_images_total", row.get("groups_generated", 0.0) * group_size)
         self.count("maskgrpo_groups_dropped_total", row.get("groups_dropped", 0.0))
         self.count("maskgrpo_groups_invalid_total", row.get("groups_invalid", 0.0))
