@@ -44,6 +44,21 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="'local' runs the single-process baseline (same as --set run.backend=local)",
     )
+    for name, helptext in (
+        ("scale", "change a running job's rollout actor count at its next step"),
+        ("status", "print a running job's last step status"),
+    ):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--run", default="toy", help="the job's run.name (default: toy)")
+        c.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS/auto)")
+        if name == "scale":
+            c.add_argument(
+                "--rollout",
+                type=int,
+                required=True,
+                metavar="N",
+                help="rollout actors wanted (>= 1)",
+            )
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None)
     v.add_argument("--set", dest="overrides", action="append", default=[])
@@ -102,8 +117,39 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
         ex.shutdown()
 
 
+def control(args: argparse.Namespace) -> int:
+    """``maskgrpo scale`` / ``maskgrpo status``: talk to a running job's control actor."""
+    import ray
+
+    from actors.control import NAMESPACE, control_name
+
+    if not ray.is_initialized():
+        ray.init(address=args.address or "auto", namespace=NAMESPACE, log_to_driver=False)
+    name = args.run if args.run.startswith("maskgrpo-control:") else control_name(args.run)
+    try:
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        print(
+            f"maskgrpo: no running job named {args.run!r} (no actor {name!r} in namespace "
+            f"{NAMESPACE!r}); pass --run with the job's run.name",
+            file=sys.stderr,
+        )
+        return 2
+    if args.command == "scale":
+        try:
+            ray.get(actor.request_rollout_actors.remote(args.rollout), timeout=30)
+        except ray.exceptions.RayTaskError as err:
+            print(f"maskgrpo: {err.cause}", file=sys.stderr)
+            return 2
+        print(f"requested {args.rollout} rollout actors; applied at the next step boundary")
+    print(json.dumps(ray.get(actor.get_status.remote(), timeout=30), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("scale", "status"):
+        return control(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -116,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(args.resume)
             resume_from = latest_checkpoint(run_dir)
             if resume_from is None:
-                raise ConfigError(f"--resume {run_dir}: no complete checkpoint under "
-                                  f"{run_dir}/checkpoints (set run.checkpoint_every_steps)")
+                raise ConfigError(
+                    f"--resume {run_dir}: no complete checkpoint under "
+                    f"{run_dir}/checkpoints (set run.checkpoint_every_steps)"
+                )
             cfg = load_config(args.config or run_dir / "config.yaml", overrides)
         else:
             cfg = load_config(args.config, overrides)

@@ -22,6 +22,8 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.control import NAMESPACE as CONTROL_NAMESPACE
+from actors.control import start_control_actor
 from actors.filter import RemoteFilterActor
 from actors.reward import RemoteRewardActor
 from actors.rollout import RemoteRolloutActor
@@ -99,6 +101,15 @@ class RayExecutor:
             "reward_actors_lost": 0.0,
         }
         self.last_sync_bytes = 0
+        self.chunks_by_actor: dict[int, int] = {}
+        self.control, self.control_name = start_control_actor(cfg.run.name)
+        log.info(
+            "control actor %r (namespace %r): `maskgrpo scale --run %s --rollout N` "
+            "changes the rollout actor count at the next step",
+            self.control_name,
+            CONTROL_NAMESPACE,
+            self.control_name.split(":", 1)[1],
+        )
         rc = cfg.reward
         self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(cfg)
         self.reward_actors = [
@@ -276,6 +287,7 @@ class RayExecutor:
                     pending.appendleft(ch)
                     continue
                 idle.append(ro)
+                self.chunks_by_actor[ro.actor_id] = self.chunks_by_actor.get(ro.actor_id, 0) + 1
                 send_to_reward(ch, ref)
             else:
                 ch, rollout_ref, ra = rew.pop(ref)
@@ -377,11 +389,29 @@ class RayExecutor:
         self.sync_weights()
 
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
-        """Mirror the step's row to the Ray dashboard metrics."""
+        """Mirror the step's row to the Ray dashboard metrics; apply a requested scale."""
         self.metrics.record_step(row, self.cfg.rollout.samples_per_prompt)
+        requested = ray.get(self.control.take_request.remote(), timeout=self.timeout_s)
+        if requested is not None and requested != len(self.rollouts):
+            log.info(
+                "scaling rollout actors %d -> %d (requested through the control actor)",
+                len(self.rollouts),
+                requested,
+            )
+            self.scale_rollout(requested)
         self.metrics.gauge("maskgrpo_rollout_actors", len(self.rollouts))
+        status = {
+            "step": step,
+            "policy_version": self.policy_version,
+            "rollout_actors": self.rollout_actor_ids(),
+            "reward_actors": len(self.reward_actors),
+            "samples_per_second": row.get("samples_per_second"),
+            "reward_mean": row.get("reward_mean"),
+        }
+        self.control.report.remote(status)
 
     def shutdown(self) -> None:
+        ray.kill(self.control)
         self.learner.shutdown()
         for ro in list(self.rollouts):
             self._drop_rollout(ro, kill=True)
