@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.build import build_filter
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.phases import FilterResult, filter_groups
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.phases import FilterResult, filter_rewards
 
 
 class FilterActor:
@@ -26,9 +26,11 @@ class FilterActor:
     def ready(self) -> bool:
         return True
 
-    def filter(self, scored: ScoredBatch) -> FilterResult:
-        """Keep / drop / invalid per group (the filter records every valid group's std)."""
-        res = filter_groups(scored, self.filt)
+    def filter(self, rewards: torch.Tensor, group_size: int) -> FilterResult:
+        """Keep / drop / invalid per group of ``rewards [N]`` (records every valid group's std).
+
+        Only the rewards travel here, not the images."""
+        res = filter_rewards(rewards, group_size, self.filt)
         self.batches += 1
         self.groups_kept += int(res.keep.sum())
         return res

@@ -68,6 +68,12 @@ class LearnerWorker:
         apply_env_defaults()
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = resolve_device(cfg.learner.num_gpus_per_worker)
+        threads = cfg.learner.torch_threads_per_worker
+        if threads == 0 and self.device.type == "cpu":
+            # the step loop is synchronous: while the learner works, rollouts wait
+            threads = max(1, (os.cpu_count() or 1) // world_size)
+        if threads > 0:
+            torch.set_num_threads(threads)
         self.policy = build_policy(cfg, self.device)
         self.ref_policy = None
         if cfg.train.kl_coef > 0:

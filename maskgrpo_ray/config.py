@@ -155,6 +155,11 @@ class LearnerConfig(_Strict):
     bf16: bool = False
     num_cpus_per_worker: float = Field(0.5, ge=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
+    torch_threads_per_worker: int = Field(
+        0,
+        ge=0,
+        description="torch threads per rank; 0: on CPU the node's cores / num_workers, on GPU Ray's",
+    )
 
 
 class EvalConfig(_Strict):

@@ -182,19 +182,35 @@ def run_step(
     return StepOutcome(row, scored)
 
 
-def _save(cfg: Config, ex: Executor, run_dir: Path, next_step: int, stream: Any,
-          base: dict[str, float], totals: dict[str, float]) -> None:
+def _save(
+    cfg: Config,
+    ex: Executor,
+    run_dir: Path,
+    next_step: int,
+    stream: Any,
+    base: dict[str, float],
+    totals: dict[str, float],
+) -> None:
     def write(folder: Path) -> None:
         ex.save(folder)
-        torch.save({"next_step": next_step, "stream": stream.state_dict(), "base": base,
-                    "totals": totals}, folder / "driver.pt")
+        torch.save(
+            {"next_step": next_step, "stream": stream.state_dict(), "base": base, "totals": totals},
+            folder / "driver.pt",
+        )
 
     path = save_checkpoint(run_dir, next_step, write, cfg.run.keep_checkpoints)
     log.info("checkpoint %s", path)
 
 
-def train(cfg: Config, ex: Executor, run_dir: Path, stream: Any, eval_prompts: list[str],
-          resume_from: Path | None = None, on_step_end: Any = None) -> dict[str, Any]:
+def train(
+    cfg: Config,
+    ex: Executor,
+    run_dir: Path,
+    stream: Any,
+    eval_prompts: list[str],
+    resume_from: Path | None = None,
+    on_step_end: Any = None,
+) -> dict[str, Any]:
     """The whole run: base eval, the step loop, final eval, ``summary.json``.
 
     With ``resume_from`` (a checkpoint folder) the executor, the prompt stream and the step
@@ -208,7 +224,11 @@ def train(cfg: Config, ex: Executor, run_dir: Path, stream: Any, eval_prompts: l
         state = torch.load(resume_from / "driver.pt", weights_only=True)
         ex.load(resume_from)
         stream.load_state_dict(state["stream"])
-        start_step, base, totals = int(state["next_step"]), dict(state["base"]), dict(state["totals"])
+        start_step, base, totals = (
+            int(state["next_step"]),
+            dict(state["base"]),
+            dict(state["totals"]),
+        )
         runlog.truncate_from(start_step)
         log.info("resumed from %s at step %d", resume_from, start_step)
     else:
@@ -244,8 +264,9 @@ def train(cfg: Config, ex: Executor, run_dir: Path, stream: Any, eval_prompts: l
             on_step_end(step, row)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
-                            sps=f"{row['samples_per_second']:.1f}")
+            bar.set_postfix(
+                reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
+            )
     if bar is not None:
         bar.close()
     final = ex.evaluate(eval_prompts)

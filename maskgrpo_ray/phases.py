@@ -105,10 +105,14 @@ class FilterResult:
 
 def filter_groups(scored: ScoredBatch, filt: StdHistoryFilter | None) -> FilterResult:
     """Decide per group: invalid (non-finite reward), dropped by the std filter, or kept."""
-    g = scored.rollout.group_size
-    r = scored.rewards.view(-1, g)
+    return filter_rewards(scored.rewards, scored.rollout.group_size, filt)
+
+
+def filter_rewards(rewards: torch.Tensor, g: int, filt: StdHistoryFilter | None) -> FilterResult:
+    """:func:`filter_groups` on the rewards ``[N]`` alone (what a filter actor is sent)."""
+    r = rewards.view(-1, g)
     invalid = ~torch.isfinite(r).all(dim=1)
-    stds = group_std(torch.nan_to_num(scored.rewards), g)
+    stds = group_std(torch.nan_to_num(rewards), g)
     keep = ~invalid
     if filt is not None:
         for i in range(len(keep)):

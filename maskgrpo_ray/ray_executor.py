@@ -307,7 +307,8 @@ class RayExecutor:
         return done
 
     def filter(self, scored: ScoredBatch) -> FilterResult:
-        return ray.get(self.filter_actor.filter.remote(scored), timeout=self.timeout_s)
+        ref = self.filter_actor.filter.remote(scored.rewards, scored.rollout.group_size)
+        return ray.get(ref, timeout=self.timeout_s)
 
     def filter_stats(self) -> dict[str, float]:
         return ray.get(self.filter_actor.stats.remote(), timeout=self.timeout_s)
