@@ -32,8 +32,17 @@ def test_bad_config_names_field_value_and_fix(override, needles):
 
 
 def test_cli_bad_config_exits_2_before_starting_anything(capsys, tmp_path):
-    code = main(["train", "--config", "configs/toy.yaml", "--set", "rollout.samples_per_prompt=1",
-                 "--run-dir", str(tmp_path / "run")])
+    code = main(
+        [
+            "train",
+            "--config",
+            "configs/toy.yaml",
+            "--set",
+            "rollout.samples_per_prompt=1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 2
     assert "samples_per_prompt" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing was built or written
@@ -44,8 +53,15 @@ def test_override_syntax_error():
         load_config("configs/toy.yaml", ["train.steps"])
 
 
-@pytest.mark.parametrize("path", ["configs/toy.yaml", "configs/showo_256_clip.yaml",
-                                  "configs/showo_512_clip.yaml", "configs/showo_tiny_random.yaml"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "configs/toy.yaml",
+        "configs/showo_256_clip.yaml",
+        "configs/showo_512_clip.yaml",
+        "configs/showo_tiny_random.yaml",
+    ],
+)
 def test_shipped_configs_validate(path):
     load_config(path)
 

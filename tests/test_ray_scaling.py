@@ -15,11 +15,20 @@ from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.ray_cluster import connect
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
-SMALL = ["train.prompts_per_step=8", "rollout.num_steps=4", "rollout.num_actors=1",
-         "rollout.prompts_per_chunk=2", "reward.num_actors=1", "learner.num_workers=1",
-         "rollout.num_cpus_per_actor=0.25", "reward.num_cpus_per_actor=0.25",
-         "learner.num_cpus_per_worker=0.25", "logging.progress_bar=false",
-         "filter.enabled=false", "run.name=scaletest"]
+SMALL = [
+    "train.prompts_per_step=8",
+    "rollout.num_steps=4",
+    "rollout.num_actors=1",
+    "rollout.prompts_per_chunk=2",
+    "reward.num_actors=1",
+    "learner.num_workers=1",
+    "rollout.num_cpus_per_actor=0.25",
+    "reward.num_cpus_per_actor=0.25",
+    "learner.num_cpus_per_worker=0.25",
+    "logging.progress_bar=false",
+    "filter.enabled=false",
+    "run.name=scaletest",
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +76,10 @@ def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys
         assert ex.chunks_by_actor.get(1, 0) - before.get(1, 0) > 0  # the new actor took work
         assert len(trained) == len(set(trained)) == 5 * cfg.train.prompts_per_step
         assert rows[-1]["rollout_actors"] == 2.0
-        print(f"samples/s with 1 rollout actor: {rows[1]['samples_per_second']:.1f}, "
-              f"with 2: {rows[4]['samples_per_second']:.1f}")
+        print(
+            f"samples/s with 1 rollout actor: {rows[1]['samples_per_second']:.1f}, "
+            f"with 2: {rows[4]['samples_per_second']:.1f}"
+        )
         assert main(["scale", "--run", "scaletest", "--rollout", "0"]) == 2
         assert main(["scale", "--run", "no-such-run", "--rollout", "2"]) == 2
     finally:

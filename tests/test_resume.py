@@ -10,11 +10,29 @@ from maskgrpo_ray import driver
 from maskgrpo_ray.checkpoint import latest_checkpoint, save_checkpoint
 from maskgrpo_ray.cli import main
 
-SMALL = ["model.toy.pretrain_steps=20", "train.steps=6", "train.prompts_per_step=3",
-         "rollout.num_steps=4", "eval.samples_per_prompt=1", "filter.warmup_groups=2",
-         "run.checkpoint_every_steps=2", "run.keep_checkpoints=2", "logging.progress_bar=false"]
-COMPARED = ("reward_mean", "reward_std", "accuracy", "loss", "ratio_mean", "grad_norm",
-            "groups_dropped", "filter_threshold", "policy_version", "learning_rate")
+SMALL = [
+    "model.toy.pretrain_steps=20",
+    "train.steps=6",
+    "train.prompts_per_step=3",
+    "rollout.num_steps=4",
+    "eval.samples_per_prompt=1",
+    "filter.warmup_groups=2",
+    "run.checkpoint_every_steps=2",
+    "run.keep_checkpoints=2",
+    "logging.progress_bar=false",
+]
+COMPARED = (
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "loss",
+    "ratio_mean",
+    "grad_norm",
+    "groups_dropped",
+    "filter_threshold",
+    "policy_version",
+    "learning_rate",
+)
 
 
 def _args(run, backend="local"):
@@ -51,7 +69,10 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch):
     assert sorted(b) == list(range(6))
     for step in range(6):
         for key in COMPARED:
-            assert a[step].get(key) == pytest.approx(b[step].get(key), rel=1e-6, abs=1e-7), (step, key)
+            assert a[step].get(key) == pytest.approx(b[step].get(key), rel=1e-6, abs=1e-7), (
+                step,
+                key,
+            )
     # retention: only the newest two checkpoints are kept
     kept = sorted(p.name for p in (cut / "checkpoints").glob("step_*"))
     assert kept == ["step_000004", "step_000006"]

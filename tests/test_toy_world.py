@@ -42,8 +42,9 @@ def test_rule_reward_values_and_nan_for_bad_prompt():
     scene = torch.zeros(1, grid * grid, dtype=torch.long)
     scene[0, 0] = 1  # one red dot at top-left
     images = toyworld.decode_palette(scene.repeat(3, 1), grid, 8)
-    r = ToyRuleReward(grid)(images, ["one red dot on the left", "two red dots on the left",
-                                     "no such prompt"])
+    r = ToyRuleReward(grid)(
+        images, ["one red dot on the left", "two red dots on the left", "no such prompt"]
+    )
     assert float(r[0]) == pytest.approx(2.0)  # (1 + 1 + 1)/3 + 1 (correct)
     assert float(r[1]) == pytest.approx((0.5 + 1 + 1) / 3)  # one dot short: count term 0.5
     assert torch.isnan(r[2])
@@ -54,7 +55,9 @@ def test_pixels_survive_small_noise():
     g = torch.Generator().manual_seed(1)
     scenes = torch.randint(0, len(toyworld.PALETTE), (5, grid * grid), generator=g)
     images = toyworld.decode_palette(scenes, grid, 8).int()
-    noisy = (images + torch.randint(-20, 21, images.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    noisy = (
+        (images + torch.randint(-20, 21, images.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    )
     assert torch.equal(toyworld.pixels_to_cells(noisy, grid).view(5, -1), scenes)
 
 
