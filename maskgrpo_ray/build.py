@@ -66,7 +66,8 @@ def build_filter(cfg: Config) -> StdHistoryFilter | None:
 
 def build_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW; 1-D parameters and biases get no weight decay (as the official release)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in policy.parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)

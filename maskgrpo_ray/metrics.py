@@ -52,8 +52,8 @@ class RunLog:
         pts_all = [(s, v) for _, pts in series.values() for s, v in pts if v is not None]
         if pts_all:
             s_max = max(max(s for s, _ in pts_all), 1)
-            for key, (colour, pts) in series.items():
-                pts = [(s, v) for s, v in pts if v is not None]
+            for key, (colour, raw) in series.items():
+                pts = [(s, float(v)) for s, v in raw if v is not None]
                 if not pts:
                     continue
                 lo, hi = min(v for _, v in pts), max(v for _, v in pts)
@@ -92,7 +92,7 @@ class RunLog:
             r, c = divmod(i, cols)
             grid[r * (hh + 2) : r * (hh + 2) + hh, c * (ww + 2) : c * (ww + 2) + ww] = images[i]
         tiles = Image.fromarray(grid.numpy())
-        tiles = tiles.resize((tiles.width * scale, tiles.height * scale), Image.NEAREST)
+        tiles = tiles.resize((tiles.width * scale, tiles.height * scale), Image.Resampling.NEAREST)
         label_w = 260 if prompts else 0
         img = Image.new("RGB", (tiles.width + label_w, tiles.height), "white")
         img.paste(tiles, (label_w, 0))

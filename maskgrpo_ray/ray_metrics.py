@@ -59,6 +59,7 @@ class RayMetrics:
             return self._m[name]
         from ray.util import metrics as rm
 
+        m: Any
         if name in GAUGES:
             m = rm.Gauge(name, description=GAUGES[name])
         elif name in COUNTERS:

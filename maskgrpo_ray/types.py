@@ -8,6 +8,7 @@ Groups are contiguous: sample ``n`` belongs to prompt ``n // G``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
@@ -96,7 +97,7 @@ class RolloutBatch:
         first = batches[0]
         if len(batches) == 1:
             return first
-        cat = {}
+        cat: dict[str, Any] = {}
         for f in fields(RolloutBatch):
             vals = [getattr(b, f.name) for b in batches]
             if f.name in ("prompts", "prompt_indices"):
