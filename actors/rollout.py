@@ -17,7 +17,7 @@ import torch
 
 from maskgrpo_ray.build import build_policy, build_reward_from_config, resolve_device
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.local import eval_settings
+from maskgrpo_ray.local import eval_settings, rollout_settings
 from maskgrpo_ray.phases import evaluate, generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
@@ -63,21 +63,15 @@ class RolloutActor:
         self._calls += 1
         if self._exit_on_call is not None and self._calls >= self._exit_on_call:
             os._exit(1)  # a crash in the middle of a chunk (failure drills, tests)
-        r = self.cfg.rollout
         t0 = time.perf_counter()
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         batch = generate(
             self.policy,
             prompts,
             positions,
-            group_size=r.samples_per_prompt,
-            num_steps=r.num_steps,
-            temperature=r.temperature,
-            gumbel_temperature=r.gumbel_temperature,
-            guidance_scale=r.guidance_scale,
-            transition=r.transition,
             policy_version=self.version,
             generator=gen,
+            **rollout_settings(self.cfg),
         )
         process_metrics().observe(
             "maskgrpo_generate_seconds", time.perf_counter() - t0, {"actor": str(self.actor_id)}

@@ -33,6 +33,19 @@ def eval_settings(cfg: Config) -> dict[str, Any]:
     }
 
 
+def rollout_settings(cfg: Config) -> dict[str, Any]:
+    """Keyword arguments of ``phases.generate`` from the config (all but prompts and version)."""
+    r = cfg.rollout
+    return {
+        "group_size": r.samples_per_prompt,
+        "num_steps": r.num_steps,
+        "temperature": r.temperature,
+        "gumbel_temperature": r.gumbel_temperature,
+        "guidance_scale": r.guidance_scale,
+        "transition": r.transition,
+    }
+
+
 def update_settings(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of the update from the config."""
     t = cfg.train
@@ -65,19 +78,13 @@ class LocalExecutor:
         self.policy_version = 0
 
     def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
-        r = self.cfg.rollout
         rb = generate(
             self.policy,
             prompts,
             positions,
-            group_size=r.samples_per_prompt,
-            num_steps=r.num_steps,
-            temperature=r.temperature,
-            gumbel_temperature=r.gumbel_temperature,
-            guidance_scale=r.guidance_scale,
-            transition=r.transition,
             policy_version=self.policy_version,
             generator=self.generator,
+            **rollout_settings(self.cfg),
         )
         return score(self.reward, rb)
 

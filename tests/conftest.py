@@ -26,6 +26,21 @@ def showo_fixtures() -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A real local Ray cluster (no local mode), bound to loopback, for one test module."""
+    import ray
+
+    from maskgrpo_ray.ray_cluster import connect
+
+    os.environ.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        ray.shutdown()
+    connect(None, num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

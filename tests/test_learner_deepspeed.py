@@ -13,7 +13,6 @@ import os
 from dataclasses import replace
 
 import pytest
-import ray
 import torch
 
 from maskgrpo_ray.build import (
@@ -26,20 +25,9 @@ from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import load_prompts
 from maskgrpo_ray.local import update_settings
 from maskgrpo_ray.phases import generate, local_update, make_train_batch, score
-from maskgrpo_ray.ray_cluster import connect
 from maskgrpo_ray.types import TrainBatch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.pop("RAY_ADDRESS", None)
-    if ray.is_initialized():
-        ray.shutdown()
-    connect(None, num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def small_cfg(*extra: str) -> Config:

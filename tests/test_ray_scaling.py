@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import ray
 
 from maskgrpo_ray import driver
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.ray_cluster import connect
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [
@@ -29,16 +27,6 @@ SMALL = [
     "filter.enabled=false",
     "run.name=scaletest",
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.pop("RAY_ADDRESS", None)
-    if ray.is_initialized():
-        ray.shutdown()
-    connect(None, num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

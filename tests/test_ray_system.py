@@ -18,7 +18,6 @@ from maskgrpo_ray import driver
 from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.phases import make_train_batch
-from maskgrpo_ray.ray_cluster import connect
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [
@@ -40,16 +39,6 @@ SMALL = [
 
 def small_cfg(*extra: str) -> Config:
     return load_config(TOY, [*SMALL, *extra])
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.pop("RAY_ADDRESS", None)
-    if ray.is_initialized():
-        ray.shutdown()
-    connect(None, num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
