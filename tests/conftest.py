@@ -26,6 +26,15 @@ def showo_fixtures() -> Path:
     return d
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Run a test with one torch thread (as the reference fixtures were made)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A real local Ray cluster (no local mode), bound to loopback, for one test module."""
