@@ -47,12 +47,37 @@ class Trajectory:
     log_theta: torch.Tensor  # [N, S] float32, log of the step's threshold theta_t
     sampled: torch.Tensor | None  # [N, S, L] long, sampled tokens per step (AR-style only)
     kind: str  # transition definition of old_logp: "p1" | "p2" | "ar"
+    likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t that old_logp integrates (0: Eq. 14)
 
 
-def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
-    """``-log(-log(u))`` with ``u ~ U(0, 1)`` and Show-o's 1e-20 clamps, float32."""
-    u = torch.zeros(shape, dtype=torch.float32).uniform_(0, 1, generator=generator)
+def gumbel_noise(
+    shape: tuple[int, ...],
+    generator: torch.Generator | None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """``-log(-log(u))`` with ``u ~ U(0, 1)`` and Show-o's 1e-20 clamps, float32, on ``device``.
+
+    The uniforms are drawn on ``device`` with ``generator`` (which must live there), as Show-o's
+    ``gumbel_noise`` draws ``zeros_like(probs).uniform_`` on the probabilities' device.
+    """
+    u = torch.zeros(shape, dtype=torch.float32, device=device).uniform_(0, 1, generator=generator)
     return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
+
+
+def check_generator_device(generator: torch.Generator | None, device: torch.device) -> None:
+    """Raise a clear error when ``generator`` cannot drive draws on ``device``.
+
+    PyTorch rejects a CUDA generator for a CPU tensor (and the reverse) deep inside
+    ``multinomial``/``uniform_``; this names the fix instead.
+    """
+    if generator is None:
+        return
+    if torch.device(generator.device).type != torch.device(device).type:
+        raise ValueError(
+            f"the sampler's generator is on {generator.device} but the logits are on {device}: "
+            "every random draw uses a generator on the tensor's own device; create it with "
+            f"torch.Generator(device={str(device)!r})"
+        )
 
 
 def unmask_step(
@@ -77,6 +102,7 @@ def unmask_step(
         generator: torch generator on the logits' device for the multinomial and Gumbel draws.
     """
     n, length, vocab = logits.shape
+    check_generator_device(generator, logits.device)
     masked = tokens == vocab  # [N, L]
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
     draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
@@ -84,7 +110,7 @@ def unmask_step(
     conf = probs.gather(-1, sampled.clamp(max=vocab - 1).unsqueeze(-1)).squeeze(-1)  # [N, L]
     conf = torch.where(masked, conf, torch.full_like(conf, torch.finfo(torch.float32).max))
     tau = tau * (1.0 - (step + 1) / num_steps)
-    noise = gumbel_noise((n, length), generator).to(logits.device)
+    noise = gumbel_noise((n, length), generator, logits.device)
     score = torch.log(conf.clamp(min=1e-20)) + tau * noise  # [N, L]
     num_masked = masked.sum(-1)  # [N]
     keep_masked = torch.tensor(
@@ -113,6 +139,7 @@ def rollout(
     temperature: float = 1.0,
     gumbel_temperature: float = 1.0,
     kind: str = "p1",
+    remask_likelihood: str = "marginal",
     generator: torch.Generator | None = None,
 ) -> Trajectory:
     """Run ``S`` unmasking steps from ``initial_tokens`` and record the trajectory.
@@ -123,6 +150,9 @@ def rollout(
         codebook_size: ``V``.
         num_steps: ``S``; temperature: sampling temperature; gumbel_temperature: ``tau_0``.
         kind: transition definition cached as ``old_logp`` (see ``transition.step_log_prob``).
+        remask_likelihood: ``"marginal"``: ``old_logp`` integrates the step's Gumbel remasking
+            noise (its ``tau_t`` is recorded in ``likelihood_tau``); ``"eq14"``: Eq. 14 as
+            printed, blind to the noise (``likelihood_tau`` all 0).
         generator: torch generator for reproducible draws.
 
     Returns:
@@ -132,7 +162,11 @@ def rollout(
     tokens = initial_tokens.clone()
     n, length = tokens.shape
     commit_step = torch.where(tokens == codebook_size, -2, -1).to(torch.long)
-    old_logp, log_theta, sampled_all = [], [], []
+    if remask_likelihood not in ("marginal", "eq14"):
+        raise ValueError(
+            f"remask_likelihood must be 'marginal' or 'eq14', got {remask_likelihood!r}"
+        )
+    old_logp, log_theta, sampled_all, lik_tau = [], [], [], []
     tau = gumbel_temperature
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
@@ -140,9 +174,17 @@ def rollout(
             logits, tokens, t, num_steps, tau, temperature=temperature, generator=generator
         )
         tau = out.tau
+        lik_tau.append(out.tau if remask_likelihood == "marginal" else 0.0)
         step_tokens = out.sampled
         old_logp.append(
-            step_log_prob(logits / temperature, out.masked, out.unmasked, step_tokens, kind)
+            step_log_prob(
+                logits / temperature,
+                out.masked,
+                out.unmasked,
+                step_tokens,
+                kind,
+                gumbel_tau=lik_tau[-1],
+            )
         )
         log_theta.append(out.log_theta)
         if kind == "ar":
@@ -158,6 +200,7 @@ def rollout(
         log_theta=torch.stack(log_theta, dim=1).float(),
         sampled=torch.stack(sampled_all, dim=1) if kind == "ar" else None,
         kind=kind,
+        likelihood_tau=torch.tensor(lik_tau, dtype=torch.float32),
     )
 
 
