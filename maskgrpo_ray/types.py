@@ -36,6 +36,7 @@ class RolloutBatch:
     transition: str  # "p1" | "p2" | "ar"
     guidance_scale: float
     temperature: float
+    likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t the transition log-prob integrates
 
     @property
     def num_samples(self) -> int:
@@ -61,6 +62,10 @@ class RolloutBatch:
         _check(
             self.old_logp.shape[0] == n and self.log_theta.shape == self.old_logp.shape,
             "old_logp/log_theta must be [N, S]",
+        )
+        _check(
+            self.likelihood_tau.shape == (self.old_logp.shape[1],),
+            "likelihood_tau must be [S], one Gumbel temperature per unmasking step",
         )
         _check(
             self.images.dtype == torch.uint8
@@ -104,6 +109,12 @@ class RolloutBatch:
                 cat[f.name] = [x for v in vals for x in v]
             elif f.name == "policy_version":
                 cat[f.name] = min(vals)
+            elif f.name == "likelihood_tau":
+                if any(not torch.equal(v, vals[0]) for v in vals):
+                    raise ValueError(
+                        "cannot concatenate rollouts made with different tau schedules"
+                    )
+                cat[f.name] = vals[0]
             elif isinstance(vals[0], torch.Tensor):
                 cat[f.name] = torch.cat(vals)
             else:
@@ -119,6 +130,8 @@ class ScoredBatch:
     rewards: torch.Tensor  # [N] float32 (weighted total)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
+    # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
+    reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def validate(self) -> ScoredBatch:
         n = self.rollout.num_samples
@@ -143,6 +156,7 @@ class TrainBatch:
     guidance_scale: float
     temperature: float
     policy_version: int  # oldest policy version among the rollouts
+    likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t the transition log-prob integrates
 
     @property
     def num_samples(self) -> int:
@@ -153,6 +167,10 @@ class TrainBatch:
         _check(self.advantages.shape == (n,), f"advantages must be [N={n}]")
         _check(bool(torch.isfinite(self.advantages).all()), "advantages must be finite")
         _check(self.old_logp.shape[0] == n, "old_logp must be [N, S]")
+        _check(
+            self.likelihood_tau.shape == (self.old_logp.shape[1],),
+            "likelihood_tau must be [S], one Gumbel temperature per unmasking step",
+        )
         return self
 
     def shard(self, rank: int, world: int) -> TrainBatch:

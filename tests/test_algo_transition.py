@@ -171,5 +171,9 @@ def test_rollout_old_logp_equals_recomputation():
             st = torch.full((n,), t)
             tok, masked, unmasked = replay_states(traj.final_tokens, traj.unmask_step, st, vocab)
             toks = traj.sampled[:, t] if kind == "ar" else traj.final_tokens
-            lp = step_log_prob(logits_fn(tok) / 0.8, masked, unmasked, toks, kind)
+            tau = traj.likelihood_tau[t]  # the step's Gumbel temperature (p1: the marginal)
+            lp = step_log_prob(logits_fn(tok) / 0.8, masked, unmasked, toks, kind, gumbel_tau=tau)
             torch.testing.assert_close(lp, traj.old_logp[:, t], rtol=0, atol=1e-5)
+        # tau_0 = 1 over 4 steps: tau_t = .75, .375, .094, 0 (Show-o's compounding anneal)
+        expect = torch.tensor([0.75, 0.375, 0.09375, 0.0])
+        torch.testing.assert_close(traj.likelihood_tau, expect, rtol=0, atol=1e-7)

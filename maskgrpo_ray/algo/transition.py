@@ -7,14 +7,15 @@ evaluated and work in log space throughout (``log_softmax`` / ``logsumexp``, nev
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-TransitionKind = Literal["p1", "p2", "ar"]
+from maskgrpo_ray.algo.gumbel import gumbel_marginal_log_prob
+
 TRANSITION_KINDS: tuple[str, ...] = ("p1", "p2", "ar")
 # log-probability floor for a remasked position whose Eq. 14 set is empty
 LOG_EMPTY_FLOOR = -69.0  # ~ log(1e-30)
+# Gumbel temperatures at or below this use Eq. 14 (the marginal's limit as tau -> 0)
+MARGINAL_MIN_TAU = 1e-4
 
 
 def step_log_prob(
@@ -23,6 +24,8 @@ def step_log_prob(
     unmasked: torch.Tensor,
     tokens: torch.Tensor,
     kind: str,
+    *,
+    gumbel_tau: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     """Log-probability of the transition ``Y_t -> Y_{t+1}`` for each sample.
 
@@ -38,6 +41,12 @@ def step_log_prob(
             ``theta = min_{i in U_t} p^i(y_i)`` under these logits; the exact probability of the
             transition when the choose-and-move confidence is deterministic (``tau = 0``).
             ``"ar"`` (Eq. 13): ``sum_{i masked} log p^i(x_i)``, the AR-style baseline.
+        gumbel_tau: float or float ``[N]``, the Gumbel temperature ``tau_t`` of the step's
+            remasking noise (Show-o perturbs log-confidences by ``tau_t * Gumbel``). For ``"p1"``
+            a row with ``tau_t > MARGINAL_MIN_TAU`` gets the exact transition probability with
+            the noise integrated out (:func:`maskgrpo_ray.algo.gumbel.gumbel_marginal_log_prob`),
+            whose limit as ``tau -> 0`` is Eq. 14; ``0`` (the default) is Eq. 14 exactly.
+            ``"p2"`` and ``"ar"`` do not model the remasking and ignore it.
 
     Returns:
         float ``[N]``. An empty committed or remasked set contributes 0.
@@ -70,4 +79,12 @@ def step_log_prob(
     # step keeps everything masked with probability 1).
     use = remasked & unmasked.any(-1, keepdim=True)
     log_q = torch.where(use, log_q, torch.zeros_like(log_q))
-    return committed + log_q.sum(-1)
+    eq14 = committed + log_q.sum(-1)  # [N]
+    tau = torch.as_tensor(gumbel_tau, dtype=torch.float32, device=logp.device).expand(len(eq14))
+    noisy = (tau > MARGINAL_MIN_TAU).nonzero().squeeze(1)  # rows with remasking noise
+    if noisy.numel() == 0:
+        return eq14
+    marginal = gumbel_marginal_log_prob(
+        logp[noisy], masked[noisy], unmasked[noisy], tokens[noisy], tau[noisy]
+    )
+    return eq14.index_put((noisy,), marginal.to(eq14.dtype))
