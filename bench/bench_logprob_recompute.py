@@ -87,6 +87,7 @@ def main() -> None:
         guidance_scale=0.0,
         temperature=1.0,
         policy_version=0,
+        likelihood_tau=rb.likelihood_tau,
     )
     steps = torch.arange(args.steps)
 

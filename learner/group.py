@@ -35,6 +35,22 @@ def micro_batches_per_rank(
     return out
 
 
+def reduce_rank_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
+    """Combine the ranks' metrics: ``*_max`` by max, ``abs_log_ratio_worst_step`` from the rank
+    holding that max, the rest by mean (each rank's share; ``abs_log_ratio_p90`` becomes the
+    mean of the ranks' 90th percentiles, an approximation)."""
+    keys = set().union(*outs)
+    out = {k: sum(o.get(k, 0.0) for o in outs) / len(outs) for k in keys}
+    for k in keys:
+        if k.endswith("_max"):
+            out[k] = max(o[k] for o in outs if k in o)
+    worst = "abs_log_ratio_worst_step"
+    if worst in keys:
+        top = max((o for o in outs if worst in o), key=lambda o: o["abs_log_ratio_max"])
+        out[worst] = top[worst]
+    return out
+
+
 class LearnerGroup:
     """``learner.num_workers`` DeepSpeed ranks, packed into one placement group.
 
@@ -105,9 +121,7 @@ class LearnerGroup:
             timeout=self.timeout_s,
         )
         self.version += 1
-        keys = set().union(*outs)
-        out = {k: sum(o.get(k, 0.0) for o in outs) / len(outs) for k in keys}
-        return {**out, "learning_rate": lr}
+        return {**reduce_rank_metrics(outs), "learning_rate": lr}
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to the trained tensors (rank 0's; all ranks under ZeRO-3)."""

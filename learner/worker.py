@@ -25,7 +25,7 @@ from typing import Any
 import ray
 import torch
 
-from maskgrpo_ray.build import build_optimizer, build_policy, resolve_device
+from maskgrpo_ray.build import build_optimizer, build_policy, loss_guards, resolve_device
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.phases import accumulate_gradients
 from maskgrpo_ray.ray_cluster import apply_env_defaults
@@ -179,7 +179,8 @@ class LearnerWorker:
             calls[0] += 1
             self.engine.backward(loss)
 
-        for _ in range(t.updates_per_batch):
+        first: dict[str, float] = {}
+        for i in range(t.updates_per_batch):
             calls[0] = 0
             metrics = accumulate_gradients(
                 self.engine.module,
@@ -192,7 +193,10 @@ class LearnerWorker:
                 ref_policy=self.ref_policy,
                 backward=backward,
                 normalizer=normalizer,
+                guards=loss_guards(self.cfg),
             )
+            if i == 0:  # the spread of |log-ratio| before this batch's first optimizer step
+                first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
             for _ in range(num_backward - calls[0]):
                 self._zero_backward()
             self.engine.step()
@@ -202,7 +206,7 @@ class LearnerWorker:
             if norm is not None:
                 metrics["grad_norm"] = float(norm)
         self.engine.module.eval()
-        return metrics
+        return {**metrics, **first}
 
     def save(self, folder: str) -> None:
         """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions); every rank calls it."""

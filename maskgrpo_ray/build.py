@@ -9,6 +9,7 @@ import torch
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.phases import LossGuards
 from maskgrpo_ray.rewards.base import CompositeReward, RewardSpec, build_reward
 
 log = logging.getLogger(__name__)
@@ -88,3 +89,14 @@ def learning_rate_at(cfg: Config, update: int) -> float:
     if t.warmup_steps and update < t.warmup_steps:
         return t.learning_rate * (update + 1) / t.warmup_steps
     return t.learning_rate
+
+
+def loss_guards(cfg: Config) -> LossGuards:
+    """The objective's guards from ``train.*`` (a 0 in the config turns one off)."""
+    t = cfg.train
+    return LossGuards(
+        log_ratio_clamp=t.log_ratio_clamp or None,
+        dual_clip=t.dual_clip or None,
+        kl_clamp=t.kl_clamp or None,
+        kl_normalization=t.kl_normalization,
+    )

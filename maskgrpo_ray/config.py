@@ -67,7 +67,18 @@ class RolloutConfig(_Strict):
         0.0, ge=0, description="tau_0 of the choose-and-move noise (Show-o uses 1.0)"
     )
     guidance_scale: float = Field(0.0, ge=0, description="Show-o CFG w: (1+w) cond - w uncond")
-    transition: Literal["p1", "p2", "ar"] = "p1"
+    transition: Literal["p1", "p2", "ar"] = Field(
+        "p1",
+        description="transition log-prob: p1 (Eq. 14), p2 (Eq. 15) or ar (Eq. 13, the baseline)",
+    )
+    remask_likelihood: Literal["marginal", "eq14"] = Field(
+        "marginal",
+        description=(
+            "how p1 treats the Gumbel remasking noise (gumbel_temperature > 0): 'marginal' "
+            "integrates it out, the exact probability of Show-o's transition (equal to Eq. 14 "
+            "at tau = 0); 'eq14' uses Eq. 14 as printed, exact only without noise"
+        ),
+    )
     num_actors: int = Field(2, ge=1)
     num_cpus_per_actor: float = Field(0.5, ge=0)
     num_gpus_per_actor: float = Field(0.0, ge=0)
@@ -131,6 +142,26 @@ class TrainConfig(_Strict):
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
     kl_coef: float = Field(0.0, ge=0, description="beta of the k3 KL to the frozen base model")
+    kl_normalization: Literal["per_token", "per_transition"] = Field(
+        "per_token",
+        description=(
+            "per_token: k3 of the transition's log-ratio divided by the tokens it covers (beta "
+            "on the per-token scale of verl/TRL); per_transition: k3 of the summed log-ratio"
+        ),
+    )
+    kl_clamp: float = Field(
+        10.0, ge=0, description="clamp k3's log-ratio to [-c, c] before exp (0 disables)"
+    )
+    log_ratio_clamp: float = Field(
+        20.0,
+        ge=0,
+        description="clamp logp - old_logp to [-c, c] before the ratio's exp (0 disables)",
+    )
+    dual_clip: float = Field(
+        3.0,
+        ge=0,
+        description="dual-clip c > 1: for A < 0 the surrogate is at least c * A (0 disables)",
+    )
     advantage_eps: float = Field(1e-4, gt=0)
     step_selection: Literal["all", "first", "last", "random"] = "all"
     steps_trained: int = Field(0, ge=0, description="k for first/last/random step selection")
@@ -141,6 +172,12 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _lr(self) -> TrainConfig:
+        if 0.0 < self.dual_clip <= 1.0:
+            raise ValueError(
+                f"train.dual_clip={self.dual_clip}: the dual-clip bound must exceed 1 (it floors "
+                "the surrogate of negative advantages at c * A beyond the usual clip); use 3.0 "
+                "(verl's default) or 0 to disable it"
+            )
         if not self.learning_rate > 0:
             raise ValueError(
                 f"train.learning_rate={self.learning_rate} must be positive: a zero or negative "

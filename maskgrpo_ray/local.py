@@ -10,10 +10,17 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.build import build_optimizer, learning_rate_at
+from maskgrpo_ray.build import build_optimizer, learning_rate_at, loss_guards
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.phases import FilterResult, evaluate, filter_groups, generate, local_update, score
+from maskgrpo_ray.phases import (
+    FilterResult,
+    evaluate,
+    filter_groups,
+    generate,
+    local_update,
+    score,
+)
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 
@@ -43,6 +50,7 @@ def rollout_settings(cfg: Config) -> dict[str, Any]:
         "gumbel_temperature": r.gumbel_temperature,
         "guidance_scale": r.guidance_scale,
         "transition": r.transition,
+        "remask_likelihood": r.remask_likelihood,
     }
 
 
@@ -59,6 +67,7 @@ def update_settings(cfg: Config) -> dict[str, Any]:
         "grad_clip_norm": t.grad_clip_norm,
         "updates_per_batch": t.updates_per_batch,
         "kl_coef": t.kl_coef,
+        "guards": loss_guards(cfg),
     }
 
 

@@ -5,6 +5,7 @@ one per actor method. Nothing here imports ray.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,10 @@ from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss, selec
 from maskgrpo_ray.algo.sampling import replay_states, rollout
 from maskgrpo_ray.algo.transition import step_log_prob
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -34,6 +38,7 @@ def generate(
     transition: str,
     policy_version: int,
     generator: torch.Generator | None,
+    remask_likelihood: str = "marginal",
 ) -> RolloutBatch:
     """Roll out ``G`` samples for each of ``B`` prompts, recording the trajectory."""
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
@@ -50,6 +55,7 @@ def generate(
         temperature=temperature,
         gumbel_temperature=gumbel_temperature,
         kind=transition,
+        remask_likelihood=remask_likelihood,
         generator=generator,
     )
     images = policy.decode_images(traj.final_tokens)
@@ -68,22 +74,109 @@ def generate(
         transition=transition,
         guidance_scale=guidance_scale,
         temperature=temperature,
+        likelihood_tau=traj.likelihood_tau,
     ).validate()
+
+
+REWARD_FAILURE_KINDS = ("raised", "nonfinite", "bad_shape")
 
 
 def score(reward: Any, batch: RolloutBatch) -> ScoredBatch:
-    """Score a rollout's images; the reward may be composite (``score`` returns parts)."""
+    """Score a rollout's images, each reward component on its own; a failure never stops the run.
+
+    The total is the composite's ``r = sum_k w_k r_k`` (a plain reward is one component, named
+    by its ``name``). A component that raises, or returns anything but ``N`` values, loses the
+    batch; a NaN/inf value loses that sample. Lost values are NaN in ``r_k`` and so in ``r``:
+    their groups are invalid for :func:`filter_rewards` and never trained on. Every loss is
+    logged (component, prompt indices, error) and counted, in samples, in
+    ``reward_failures[k][kind]`` with ``kind`` one of :data:`REWARD_FAILURE_KINDS` (zeros
+    included, so every component is always reported). A failing ``accuracy`` (logging only,
+    never trained on) is NaN and counted under ``"accuracy"``.
+    """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
-    parts: dict[str, torch.Tensor] = {}
-    if hasattr(reward, "score"):
-        total, parts = reward.score(batch.images, prompts)
+    check_reward_inputs(batch.images, prompts)
+    if hasattr(reward, "rewards") and hasattr(reward, "weights"):  # CompositeReward
+        components, weights = dict(reward.rewards), dict(reward.weights)
     else:
-        total = reward(batch.images, prompts)
+        name = str(getattr(reward, "name", "reward"))
+        components, weights = {name: reward}, {name: 1.0}
+    total = torch.zeros(batch.num_samples, dtype=torch.float32)  # [N]
+    parts: dict[str, torch.Tensor] = {}
+    failures: dict[str, dict[str, int]] = {}
+    for name, fn in components.items():
+        parts[name], failures[name] = _score_component(name, fn, batch, prompts)
+        total += weights[name] * parts[name]  # NaN stays NaN whatever the weight
+    acc = None
     acc_fn = accuracy_fn(reward)
-    acc = acc_fn(batch.images, prompts) if acc_fn is not None else None
-    return ScoredBatch(
-        batch, total.float().cpu(), {k: v.float().cpu() for k, v in parts.items()}, acc
-    ).validate()
+    if acc_fn is not None:
+        acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts)
+    if not hasattr(reward, "rewards"):
+        parts = {}  # a plain reward has no parts besides its total
+    return ScoredBatch(batch, total, parts, acc, failures).validate()
+
+
+def _score_component(
+    name: str, fn: Any, batch: RolloutBatch, prompts: list[str]
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """One component's float32 ``[N]`` values (NaN where lost) and its failure counts."""
+    n = len(prompts)
+    counts = dict.fromkeys(REWARD_FAILURE_KINDS, 0)
+    lost = torch.full((n,), float("nan"))
+    try:
+        out = fn(batch.images, prompts)
+    except Exception as err:  # noqa: BLE001 - a reward failure is counted, never fatal
+        counts["raised"] = n
+        _warn_lost(name, "raised", batch, torch.ones(n, dtype=torch.bool), repr(err))
+        return lost, counts
+    values = out.detach().float().cpu() if isinstance(out, torch.Tensor) else None
+    if values is None or values.shape != (n,):
+        counts["bad_shape"] = n
+        got = tuple(values.shape) if values is not None else type(out).__name__
+        why = f"returned {got}, expected a float tensor [N={n}]"
+        _warn_lost(name, "bad_shape", batch, torch.ones(n, dtype=torch.bool), why)
+        return lost, counts
+    bad = ~torch.isfinite(values)  # [N]
+    if bad.any():
+        counts["nonfinite"] = int(bad.sum())
+        why = f"non-finite values {sorted({str(float(v)) for v in values[bad]})}"
+        _warn_lost(name, "nonfinite", batch, bad, why)
+        values = torch.where(bad, lost, values)
+    return values, counts
+
+
+def _warn_lost(name: str, kind: str, batch: RolloutBatch, lost: torch.Tensor, why: str) -> None:
+    """Log which prompts (stream positions) lost samples to a failing component, and why."""
+    groups = sorted({int(i) // batch.group_size for i in lost.nonzero().flatten()})
+    log.warning(
+        "reward component %r: %s on %d of %d samples, prompts %s: %s; these samples get NaN "
+        "and their groups are skipped as invalid",
+        name,
+        kind,
+        int(lost.sum()),
+        lost.numel(),
+        [batch.prompt_indices[g] for g in groups],
+        why,
+    )
+
+
+def merge_reward_failures(*many: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Sum ``ScoredBatch.reward_failures`` counts (component -> kind -> samples)."""
+    out: dict[str, dict[str, int]] = {}
+    for failures in many:
+        for name, kinds in failures.items():
+            slot = out.setdefault(name, {})
+            for kind, n in kinds.items():
+                slot[kind] = slot.get(kind, 0) + int(n)
+    return out
+
+
+def reward_failure_metrics(failures: dict[str, dict[str, int]]) -> dict[str, float]:
+    """Flat metric names ``reward_failures/<component>/<kind>`` of failure counts."""
+    return {
+        f"reward_failures/{name}/{kind}": float(n)
+        for name, kinds in failures.items()
+        for kind, n in kinds.items()
+    }
 
 
 def accuracy_fn(reward: Any) -> Any:
@@ -137,6 +230,7 @@ def make_train_batch(scored: ScoredBatch, keep: torch.Tensor, advantage_eps: flo
         guidance_scale=rb.guidance_scale,
         temperature=rb.temperature,
         policy_version=rb.policy_version,
+        likelihood_tau=rb.likelihood_tau,
     ).validate()
 
 
@@ -155,7 +249,49 @@ def pair_log_probs(
     )
     logits = policy.conditioned(batch.cond_ids[samples].to(device), batch.guidance_scale)(tokens)
     target = batch.sampled[samples, steps].to(device) if batch.sampled is not None else final
-    return step_log_prob(logits / batch.temperature, masked, unmasked, target, batch.transition)
+    tau = batch.likelihood_tau[steps].to(device)  # [M]
+    return step_log_prob(
+        logits / batch.temperature, masked, unmasked, target, batch.transition, gumbel_tau=tau
+    )
+
+
+def pair_num_tokens(batch: TrainBatch, samples: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Tokens each pair's transition likelihood covers, float ``[M]``: the newly unmasked ones
+    for ``p2`` (Eq. 15), every masked one for ``p1`` (committed and remasked terms) and ``ar``."""
+    commit = batch.unmask_step[samples]  # [M, L]
+    t = steps.view(-1, 1)
+    covered = (commit == t) if batch.transition == "p2" else (commit >= t)
+    return covered.sum(-1).float()
+
+
+@dataclass(frozen=True)
+class LossGuards:
+    """Guards of the clipped objective (see ``algo.grpo.grpo_loss``); None turns one off.
+
+    The library defaults are the plain objective; the config's defaults (``train.*``) are the
+    recommended guards.
+    """
+
+    log_ratio_clamp: float | None = None
+    dual_clip: float | None = None
+    kl_clamp: float | None = None
+    kl_normalization: str = "per_transition"  # "per_token" | "per_transition"
+
+
+def abs_log_ratio_stats(abs_lr: torch.Tensor, steps: torch.Tensor) -> dict[str, float]:
+    """Spread of ``|log pi - log pi_old|`` over the update's pairs (float ``[M]``, steps
+    ``[M]``): mean, 90th percentile, max, and the unmasking step with the largest mean."""
+    if abs_lr.numel() == 0:
+        return {}
+    per_step = torch.zeros(int(steps.max()) + 1).index_add_(0, steps, abs_lr)
+    counts = torch.zeros_like(per_step).index_add_(0, steps, torch.ones_like(abs_lr))
+    per_step = per_step / counts.clamp(min=1)
+    return {
+        "abs_log_ratio_mean": float(abs_lr.mean()),
+        "abs_log_ratio_p90": float(torch.quantile(abs_lr.double(), 0.9)),
+        "abs_log_ratio_max": float(abs_lr.max()),
+        "abs_log_ratio_worst_step": float(per_step.argmax()),
+    }
 
 
 def train_pairs(batch: TrainBatch, train_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,16 +314,21 @@ def accumulate_gradients(
     ref_policy: MaskedImagePolicy | None = None,
     backward: Any = None,
     normalizer: float | None = None,
+    guards: LossGuards | None = None,
 ) -> dict[str, float]:
     """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
 
     The loss of each micro-batch is divided by the number of pairs of the whole update
     (``normalizer``; default this batch's), so the accumulated gradient is that of the mean.
     ``backward`` defaults to ``loss.backward()`` (a DeepSpeed engine passes its own).
+    Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over this
+    call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank).
     """
+    guards = guards or LossGuards()
     samples, steps = train_pairs(batch, train_steps)
     total = float(normalizer if normalizer is not None else max(len(samples), 1))
-    sums = {"loss": 0.0, "ratio_mean": 0.0, "clip_frac": 0.0, "kl": 0.0}
+    sums = {"loss": 0.0, "ratio_mean": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "kl": 0.0}
+    abs_lr = []
     for start in range(0, len(samples), micro_batch):
         s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
         logp = pair_log_probs(policy, batch, s, t)
@@ -196,20 +337,29 @@ def accumulate_gradients(
             with torch.no_grad():
                 ref = pair_log_probs(ref_policy, batch, s, t)
         dev = logp.device
+        old = batch.old_logp[s, t].to(dev)
+        per_token = guards.kl_normalization == "per_token"
         loss, m = grpo_loss(
             logp,
-            batch.old_logp[s, t].to(dev),
+            old,
             batch.advantages[s].to(dev),
             clip_low=clip_low,
             clip_high=clip_high,
             ref_logp=ref,
             kl_coef=kl_coef,
             normalizer=total,
+            log_ratio_clamp=guards.log_ratio_clamp,
+            dual_clip=guards.dual_clip,
+            kl_clamp=guards.kl_clamp,
+            kl_num_tokens=pair_num_tokens(batch, s, t).to(dev) if per_token else None,
         )
         (backward or (lambda x: x.backward()))(loss)
+        abs_lr.append((logp.detach() - old).abs().float().cpu())
         sums["loss"] += float(loss.detach())
-        for k in ("ratio_mean", "clip_frac", "kl"):
+        for k in ("ratio_mean", "clip_frac", "dual_clip_frac", "kl"):
             sums[k] += m[k] * len(s) / total
+    if abs_lr:
+        sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
     return sums
 
 
@@ -229,12 +379,19 @@ def local_update(
     kl_coef: float,
     ref_policy: MaskedImagePolicy | None,
     generator: torch.Generator | None,
+    guards: LossGuards | None = None,
 ) -> dict[str, float]:
-    """One or more optimizer passes over a train batch (single process)."""
+    """One or more optimizer passes over a train batch (single process).
+
+    The returned metrics are the last pass's, except the ``abs_log_ratio_*`` spread, which is
+    the first pass's (the behaviour policy against the learner before this batch's updates:
+    rounding differences between the rollout's and the learner's forwards show up there).
+    """
     policy.train()
     metrics: dict[str, float] = {}
+    first: dict[str, float] = {}
     train_steps = select_train_steps(num_steps, step_selection, steps_trained, generator)
-    for _ in range(updates_per_batch):
+    for i in range(updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         metrics = accumulate_gradients(
             policy,
@@ -245,14 +402,17 @@ def local_update(
             clip_high=clip_high,
             kl_coef=kl_coef,
             ref_policy=ref_policy,
+            guards=guards,
         )
+        if i == 0:
+            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
         if grad_clip_norm > 0:
             metrics["grad_norm"] = float(
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip_norm)
             )
         optimizer.step()
     policy.eval()
-    return metrics
+    return {**metrics, **first}
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from maskgrpo_ray.types import TrainBatch
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
 
 
-def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0):
+def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0, likelihood="marginal"):
     rb = generate(
         policy,
         PROMPTS,
@@ -37,6 +37,7 @@ def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0):
         transition=transition,
         policy_version=0,
         generator=torch.Generator().manual_seed(0),
+        remask_likelihood=likelihood,
     )
     return TrainBatch(
         group_size=4,
@@ -50,17 +51,28 @@ def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0):
         guidance_scale=guidance,
         temperature=temperature,
         policy_version=0,
+        likelihood_tau=rb.likelihood_tau,
     )
 
 
 @pytest.mark.parametrize(
-    ("transition", "guidance", "temperature"),
-    [("p1", 0.0, 1.0), ("p2", 1.5, 0.7), ("ar", 0.0, 1.0), ("p1", 2.0, 1.3)],
+    ("transition", "guidance", "temperature", "likelihood"),
+    [
+        ("p1", 0.0, 1.0, "marginal"),
+        ("p2", 1.5, 0.7, "marginal"),
+        ("ar", 0.0, 1.0, "marginal"),
+        ("p1", 2.0, 1.3, "marginal"),
+        ("p1", 0.0, 1.0, "eq14"),
+    ],
 )
-def test_ratio_is_one_before_the_first_update(transition, guidance, temperature):
+def test_ratio_is_one_before_the_first_update(transition, guidance, temperature, likelihood):
     torch.manual_seed(0)
     policy = ToyPolicy(ToyModelSpec(grid=4, d_model=32, layers=1)).eval()
-    batch = _batch(policy, transition, guidance, temperature)
+    batch = _batch(policy, transition, guidance, temperature, likelihood=likelihood)
+    # Gumbel tau_0 = 1 over 5 steps: the likelihood integrates the noise on steps 0-3 under
+    # "marginal" (tau_t = .8, .48, .19, .04, 0) and ignores it under "eq14"
+    expect_tau = likelihood == "marginal"
+    assert bool((batch.likelihood_tau[:4] > 0.03).all()) == expect_tau
     samples, steps = train_pairs(batch, torch.arange(5))
     # the learner's batched recomputation (random micro-batch composition) vs the rollout cache
     perm = torch.randperm(len(samples))

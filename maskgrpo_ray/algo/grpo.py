@@ -40,6 +40,38 @@ def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return r.std(dim=1, unbiased=True)
 
 
+KL_NORMALIZATIONS: tuple[str, ...] = ("per_token", "per_transition")
+
+
+def k3_kl(
+    ref_logp: torch.Tensor,
+    logp: torch.Tensor,
+    *,
+    num_tokens: torch.Tensor | None = None,
+    clamp: float | None = None,
+) -> torch.Tensor:
+    """The k3 estimator ``exp(d) - d - 1`` with ``d = ref - logp`` per pair, float ``[M]``.
+
+    Args:
+        ref_logp, logp: float ``[M]`` transition log-probs under the reference and current policy.
+        num_tokens: float/long ``[M]``, tokens the pair's transition likelihood covers; when given
+            (``per_token`` normalisation) ``d`` is divided by it first, so the term is k3 of the
+            *mean per-token* log-ratio. A transition log-prob sums over up to ~L tokens; k3 of
+            that sum grows like ``exp(d)`` and swamps the surrogate (the toy world stops learning
+            at beta = 0.05 per transition), while per token it stays on the scale of the
+            per-token KL that verl, TRL and torchtune penalise.
+        clamp: when given, ``d`` is clamped to ``[-clamp, clamp]`` before the exponential, so the
+            term is at most ``exp(clamp) - clamp - 1`` and never overflows (float32 overflows at
+            ``d`` ~ 88); outside the range the term is constant (no gradient), as in verl.
+    """
+    d = ref_logp.detach() - logp  # [M]
+    if num_tokens is not None:
+        d = d / num_tokens.to(d.dtype).clamp(min=1.0)
+    if clamp is not None:
+        d = d.clamp(-clamp, clamp)
+    return torch.exp(d) - d - 1.0
+
+
 def grpo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -50,13 +82,24 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    log_ratio_clamp: float | None = None,
+    dual_clip: float | None = None,
+    kl_clamp: float | None = None,
+    kl_num_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate plus optional k3 KL, averaged over (sample, step) pairs.
 
     ``loss = -mean min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
-    + kl_coef * mean(exp(ref - logp) - (ref - logp) - 1)``, with
-    ``ratio = exp(logp - old_logp)`` per sample and step (Eq. 10-11; the min is per pair, not
-    of batch means as in the official release).
+    + kl_coef * mean(k3)``, with ``ratio = exp(logp - old_logp)`` per sample and step
+    (Eq. 10-11; the min is per pair, not of batch means as in the official release).
+
+    Guards (each off when None), for transition log-probs that sum over many tokens:
+
+    * ``log_ratio_clamp``: ``logp - old_logp`` is clamped to ``[-c, c]`` before ``exp`` (verl
+      clamps at 20), so one pair whose Eq. 14 threshold flipped cannot overflow the ratio;
+    * ``dual_clip`` (``c > 1``, Ye et al. 2020, verl's ``clip_ratio_c``): for ``A < 0`` the
+      surrogate is at least ``c * A``, bounding the loss of a pair whose ratio exploded;
+    * ``kl_clamp`` and ``kl_num_tokens``: see :func:`k3_kl`.
 
     Args:
         logp: float ``[M]`` transition log-probs under the current policy (with grad).
@@ -69,18 +112,27 @@ def grpo_loss(
             number of pairs in the whole update so micro-batch losses add up to the mean).
 
     Returns:
-        ``(loss, metrics)`` with metrics ``ratio_mean``, ``clip_frac``, ``kl`` (means over ``M``).
+        ``(loss, metrics)`` with metrics ``ratio_mean``, ``clip_frac``, ``dual_clip_frac``,
+        ``kl`` (means over ``M``).
     """
     denom = float(normalizer) if normalizer is not None else float(max(logp.numel(), 1))
     log_ratio = logp - old_logp.detach()
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
+    dual = torch.zeros_like(surrogate, dtype=torch.bool)
+    if dual_clip is not None:
+        if not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1 (verl uses 3.0), got {dual_clip}")
+        floor = dual_clip * adv
+        dual = (adv < 0) & (surrogate < floor)
+        surrogate = torch.where(dual, floor, surrogate)
     loss = -surrogate.sum() / denom
     kl_value = 0.0
     if ref_logp is not None and kl_coef > 0.0:
-        d = ref_logp.detach() - logp
-        kl = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
+        kl = k3_kl(ref_logp, logp, num_tokens=kl_num_tokens, clamp=kl_clamp)  # [M], >= 0
         loss = loss + kl_coef * kl.sum() / denom
         kl_value = float(kl.detach().mean()) if kl.numel() else 0.0
     with torch.no_grad():
@@ -90,6 +142,7 @@ def grpo_loss(
         metrics = {
             "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
             "clip_frac": float(is_clipped.float().mean()) if ratio.numel() else 0.0,
+            "dual_clip_frac": float(dual.float().mean()) if ratio.numel() else 0.0,
             "kl": kl_value,
         }
     return loss, metrics
