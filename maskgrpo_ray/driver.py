@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +20,12 @@ import torch
 from maskgrpo_ray.checkpoint import save_checkpoint
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
-from maskgrpo_ray.phases import FilterResult, make_train_batch
+from maskgrpo_ray.phases import (
+    FilterResult,
+    make_train_batch,
+    merge_reward_failures,
+    reward_failure_metrics,
+)
 from maskgrpo_ray.types import ScoredBatch
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,8 @@ class PhaseTimer:
 @dataclass
 class StepOutcome:
     row: dict[str, Any]
-    scored: ScoredBatch | None
+    scored: ScoredBatch | None  # the trained groups, or every generated one if none was
+    reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)  # this step's
 
 
 def _merge(parts: list[ScoredBatch]) -> ScoredBatch:
@@ -86,15 +92,26 @@ def _merge(parts: list[ScoredBatch]) -> ScoredBatch:
         torch.cat([p.rewards for p in parts]),
         {k: torch.cat([p.reward_parts[k] for p in parts]) for k in keys},
         acc,
+        merge_reward_failures(*(p.reward_failures for p in parts)),
     )
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One step's groups: every generated one (all attempts) and the ones kept for training."""
+
+    generated: ScoredBatch  # every group of every attempt, invalid and dropped ones included
+    kept: ScoredBatch | None  # the groups to train on; None if none survived
+    stats: dict[str, float]  # groups_generated / _dropped / _invalid / _exhausted
 
 
 def collect_groups(
     ex: Executor, cfg: Config, prompts: list[str], positions: list[int], timer: PhaseTimer
-) -> tuple[ScoredBatch, torch.Tensor, dict[str, float]]:
+) -> Collected:
     """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
 
-    Returns the scored groups (kept and not), the keep mask ``[B']`` and counters.
+    A re-sampled prompt's earlier groups stay in ``generated`` (each attempt is a group that was
+    generated and scored); ``kept`` holds the groups that passed, in the order they passed.
     """
     kept_parts: list[ScoredBatch] = []
     all_parts: list[ScoredBatch] = []
@@ -125,13 +142,11 @@ def collect_groups(
         if attempt == cfg.filter.max_resamples:
             stats["groups_exhausted"] += len(idx)
     kept = _merge(kept_parts) if kept_parts else None
-    everything = _merge(all_parts)
-    if kept is None:
-        return everything, torch.zeros(0, dtype=torch.bool), stats
-    return kept, torch.ones(len(kept.rollout.prompts), dtype=torch.bool), stats
+    return Collected(_merge(all_parts), kept, stats)
 
 
 def _scored_groups(scored: ScoredBatch, keep: torch.Tensor) -> ScoredBatch:
+    """The groups where ``keep``; failure counts stay with the whole batch they describe."""
     rows = keep.repeat_interleave(scored.rollout.group_size)
     return ScoredBatch(
         scored.rollout.group_slice(keep),
@@ -150,21 +165,16 @@ def run_step(
 ) -> StepOutcome:
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    scored, keep, counts = collect_groups(ex, cfg, prompts, positions, timer)
-    row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **counts}
-    finite = scored.rewards[torch.isfinite(scored.rewards)]
-    row["reward_mean"] = float(finite.mean()) if finite.numel() else float("nan")
-    row["reward_std"] = float(finite.std()) if finite.numel() > 1 else float("nan")
-    for k, v in scored.reward_parts.items():
-        row[f"reward/{k}"] = float(v[torch.isfinite(v)].mean()) if v.numel() else float("nan")
-    if scored.accuracy is not None:
-        a = scored.accuracy[torch.isfinite(scored.accuracy)]
-        row["accuracy"] = float(a.mean()) if a.numel() else float("nan")
+    col = collect_groups(ex, cfg, prompts, positions, timer)
+    row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **col.stats}
+    row.update(reward_figures(col.generated, col.kept))
+    scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
-    n_samples = int(counts["groups_generated"]) * cfg.rollout.samples_per_prompt
-    if keep.numel() and keep.any():
+    n_samples = int(col.stats["groups_generated"]) * cfg.rollout.samples_per_prompt
+    if col.kept is not None:
+        keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
         with timer("advantages"):
-            tb = make_train_batch(scored, keep, cfg.train.advantage_eps)
+            tb = make_train_batch(col.kept, keep, cfg.train.advantage_eps)
         with timer("update"):
             row.update(ex.update(tb))
         with timer("sync"):
@@ -179,7 +189,34 @@ def run_step(
     wall = time.perf_counter() - t0
     row["step_seconds"] = wall
     row["samples_per_second"] = n_samples / wall if wall > 0 else float("nan")
-    return StepOutcome(row, scored)
+    return StepOutcome(row, scored, col.generated.reward_failures)
+
+
+def _finite_mean(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+def reward_figures(generated: ScoredBatch, kept: ScoredBatch | None) -> dict[str, float]:
+    """The step's reward figures over finite values.
+
+    ``reward_mean``, ``reward_std``, ``reward/<part>`` and ``accuracy`` describe every generated
+    group of the step (every attempt, dropped and invalid groups included), so they measure the
+    policy; ``reward_mean_kept`` and ``accuracy_kept`` the groups trained on (NaN if none).
+    """
+    finite = generated.rewards[torch.isfinite(generated.rewards)]
+    out = {
+        "reward_mean": _finite_mean(generated.rewards),
+        "reward_std": float(finite.std()) if finite.numel() > 1 else float("nan"),
+        "reward_mean_kept": _finite_mean(kept.rewards) if kept is not None else float("nan"),
+    }
+    for k, v in generated.reward_parts.items():
+        out[f"reward/{k}"] = _finite_mean(v)
+    if generated.accuracy is not None:
+        out["accuracy"] = _finite_mean(generated.accuracy)
+        acc_kept = None if kept is None else kept.accuracy
+        out["accuracy_kept"] = _finite_mean(acc_kept) if acc_kept is not None else float("nan")
+    return out
 
 
 def _save(
@@ -243,6 +280,10 @@ def train(
         prompts, positions = stream.take(cfg.train.prompts_per_step)
         out = run_step(ex, cfg, step, prompts, positions)
         row = out.row
+        # cumulative per reward component and kind; in `totals`, so a resumed run continues them
+        for key, n in reward_failure_metrics(out.reward_failures).items():
+            totals[key] = totals.get(key, 0.0) + n
+        row.update({k: v for k, v in totals.items() if k.startswith("reward_failures/")})
         totals["samples"] += row["groups_generated"] * cfg.rollout.samples_per_prompt
         totals["train_seconds"] += row["step_seconds"]
         every = cfg.eval.every_steps

@@ -359,9 +359,7 @@ class RayExecutor:
         out["reward_actors"] = float(len(self.reward_actors))
         out["learner_world_size"] = float(self.learner.world_size)
         out["weight_sync_bytes"] = float(self.last_sync_bytes)
-        stats = ray.get([a.stats.remote() for a in self.reward_actors], timeout=self.timeout_s)
-        for k in ("reward_failures", "reward_nan_samples"):
-            out[k] = float(sum(s[k] for s in stats))
+        # reward failures come with each ScoredBatch; the driver keeps the cumulative counts
         return out
 
     def save(self, folder: Path) -> None:

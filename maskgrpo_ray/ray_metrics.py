@@ -19,12 +19,14 @@ LATENCY_BOUNDARIES = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 
 GAUGES = {
     "maskgrpo_policy_version": "learner policy version (updates applied)",
-    "maskgrpo_accuracy": "share of the last step's training samples the (rule) reward counts correct",
+    "maskgrpo_accuracy": "share of the last step's generated samples (every group) the (rule) reward counts correct",
+    "maskgrpo_accuracy_kept": "share of the last step's trained samples the (rule) reward counts correct",
     "maskgrpo_policy_version_lag": "learner version minus the version of the rollout behind the last batch",
     "maskgrpo_images_per_second": "generated images per second of step wall time",
     "maskgrpo_filter_drop_rate": "share of groups the std-history filter dropped (cumulative)",
     "maskgrpo_effective_groups": "groups trained in the last step (effective batch size, groups)",
-    "maskgrpo_reward_mean": "mean training reward of the last step",
+    "maskgrpo_reward_mean": "mean reward of every group generated in the last step (finite values)",
+    "maskgrpo_reward_mean_kept": "mean reward of the groups trained on in the last step",
     "maskgrpo_rollout_actors": "live rollout actors",
     "maskgrpo_queue_pending_chunks": "prompt chunks waiting for an idle rollout actor",
     "maskgrpo_queue_inflight_rollouts": "chunks being generated",
@@ -37,8 +39,9 @@ COUNTERS = {
     "maskgrpo_groups_dropped_total": "groups dropped by the filter",
     "maskgrpo_groups_invalid_total": "groups skipped for a NaN or failed reward",
     "maskgrpo_chunks_reissued_total": "prompt chunks re-issued after a rollout actor died",
-    "maskgrpo_reward_failures_total": "reward batches whose scoring raised",
+    "maskgrpo_reward_failures_total": "samples whose reward component score was lost, by component and kind (raised, nonfinite, bad_shape)",
 }
+COUNTER_TAGS = {"maskgrpo_reward_failures_total": ("component", "kind")}
 HISTOGRAMS = {
     "maskgrpo_phase_seconds": ("latency of a driver phase", ("phase",)),
     "maskgrpo_weight_sync_seconds": ("learner -> rollout weight sync latency", ()),
@@ -63,7 +66,7 @@ class RayMetrics:
         if name in GAUGES:
             m = rm.Gauge(name, description=GAUGES[name])
         elif name in COUNTERS:
-            m = rm.Counter(name, description=COUNTERS[name])
+            m = rm.Counter(name, description=COUNTERS[name], tag_keys=COUNTER_TAGS.get(name))
         else:
             desc, tags = HISTOGRAMS[name]
             m = rm.Histogram(name, description=desc, boundaries=LATENCY_BOUNDARIES, tag_keys=tags)
@@ -84,9 +87,9 @@ class RayMetrics:
             return
         self._safe(lambda: self._get(name).set(float(value)))
 
-    def count(self, name: str, value: float = 1.0) -> None:
+    def count(self, name: str, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
         if value and value > 0:
-            self._safe(lambda: self._get(name).inc(float(value)))
+            self._safe(lambda: self._get(name).inc(float(value), tags=tags or None))
 
     def observe(self, name: str, seconds: float, tags: dict[str, str] | None = None) -> None:
         self._safe(lambda: self._get(name).observe(float(seconds), tags=tags or None))
@@ -95,6 +98,7 @@ class RayMetrics:
         """Mirror one ``metrics.jsonl`` row (the driver's step figures)."""
         self.count("maskgrpo_steps_total")
         self.gauge("maskgrpo_accuracy", row.get("accuracy", float("nan")))
+        self.gauge("maskgrpo_accuracy_kept", row.get("accuracy_kept", float("nan")))
         self.gauge("maskgrpo_policy_version_lag", row.get("policy_version_lag", float("nan")))
         self.count("maskgrpo_images_total", row.get("groups_generated", 0.0) * group_size)
         self.count("maskgrpo_groups_dropped_total", row.get("groups_dropped", 0.0))
@@ -103,6 +107,7 @@ class RayMetrics:
         self.gauge("maskgrpo_filter_drop_rate", row.get("filter_drop_rate", float("nan")))
         self.gauge("maskgrpo_effective_groups", row.get("groups_trained", float("nan")))
         self.gauge("maskgrpo_reward_mean", row.get("reward_mean", float("nan")))
+        self.gauge("maskgrpo_reward_mean_kept", row.get("reward_mean_kept", float("nan")))
         for k, v in row.items():
             if k.startswith("time/"):
                 self.observe("maskgrpo_phase_seconds", v, {"phase": k[5:]})
