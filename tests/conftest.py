@@ -8,22 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def fixture_dir() -> Path:
-    """``$SHOWO_REFERENCE_FIXTURES`` or ``../shared/fixtures/showo_reference`` beside the repo."""
-    env = os.environ.get("SHOWO_REFERENCE_FIXTURES")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "fixtures" / "showo_reference"
 
 
 @pytest.fixture(scope="session")
 def showo_fixtures() -> Path:
-    d = fixture_dir()
-    if not (d / "tiny_showo_io.safetensors").exists():
-        pytest.fail(f"Show-o fixtures not found at {d}; set SHOWO_REFERENCE_FIXTURES")
-    return d
+    """The Show-o reference fixture folder (``showo_helpers.fixture_dir``: fails if missing)."""
+    from showo_helpers import fixture_dir
+
+    return fixture_dir()
 
 
 @pytest.fixture

@@ -30,16 +30,28 @@ DEFAULT = Path("..") / "shared" / "fixtures" / "showo_reference"
 
 @functools.cache
 def fixture_dir() -> Path:
-    """The fixture folder; skips when the default is absent, fails when the variable is wrong."""
+    """The fixture folder; a test that needs it fails (never skips) when it is not found.
+
+    CI always has ``../shared`` beside the repository, so a missing folder is a broken checkout
+    or a wrong variable, not a reason to pass silently.
+    """
     given = os.environ.get(ENV_VAR)
     raw = Path(given).expanduser() if given else DEFAULT
-    candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw, REPO_ROOT / raw]
+    candidates = (
+        [raw] if raw.is_absolute() else list(dict.fromkeys([Path.cwd() / raw, REPO_ROOT / raw]))
+    )
     for c in candidates:
         if (c / "tiny_showo_config.json").is_file():
             return c.resolve()
-    if given:
-        raise FileNotFoundError(f"{ENV_VAR}={given!r}: no tiny_showo_config.json in {candidates}")
-    pytest.skip(f"Show-o reference fixtures not found at {candidates}; set {ENV_VAR}")
+    source = f"{ENV_VAR}={given!r}" if given else f"the default {DEFAULT} ({ENV_VAR} is unset)"
+    looked = ", ".join(str(c) for c in candidates)
+    pytest.fail(
+        f"Show-o reference fixtures not found: no tiny_showo_config.json from {source}; "
+        f"looked in {looked}. Put the shared folder beside the repository "
+        f"(../shared/fixtures/showo_reference) or set {ENV_VAR}=/path/to/showo_reference "
+        "(absolute, or relative to the working directory or the repository root).",
+        pytrace=False,
+    )
 
 
 def read_json(name: str) -> dict[str, Any]:
@@ -135,16 +147,20 @@ def reference_t2i_generate(
     *,
     steps: int,
     generator: torch.Generator,
-    temperature: float = 1.0,
+    gumbel_temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Show-o's sampling loop as the architecture notes (section 4) describe it, same RNG order.
+
+    ``gumbel_temperature`` is ``t2i_generate``'s ``temperature`` argument: it scales only the
+    Gumbel noise of the re-masking (``mask_by_random_topk``) and anneals as
+    ``temp <- temp * (1 - r)``. Show-o samples from ``softmax(logits)``: no sampling temperature.
 
     Returns (last sampled tokens [B, L], final state [B, L], the state fed at each step).
     """
     v = logits_fn(image_tokens).shape[-1]
     cur = image_tokens.clone()
     b, big_l = cur.shape
-    temp = temperature
+    temp = gumbel_temperature
     states, sampled = [], cur
     for step in range(steps):
         states.append(cur.clone())

@@ -95,16 +95,24 @@ def test_kl_zero_at_reference_and_nonzero_gradient_away():
         ref_logp=logp.detach().clone(),
         kl_coef=0.1,
     )
-    assert m["kl"] == 0.0
+    assert m["kl"] == 0.0 and float(loss.detach()) == 0.0
     ref = torch.tensor([-1.5, -1.0])
     loss, m = grpo_loss(
         logp, logp.detach(), adv, clip_low=0.2, clip_high=0.2, ref_logp=ref, kl_coef=0.1
     )
     loss.backward()
-    # d/dlogp [exp(ref-logp) - (ref-logp) - 1] = 1 - exp(ref-logp); times 0.1 / 2
-    expect = 0.1 / 2 * (1 - torch.exp(ref - logp.detach()))
-    torch.testing.assert_close(logp.grad, expect)
-    assert (logp.grad != 0).all() and m["kl"] > 0
+    # By hand, d = ref - logp = [-1.5 - (-1), -1 - (-2)] = [-0.5, 1.0]:
+    #   k3 = exp(d) - d - 1 = [e^-0.5 - 0.5, e - 2] = [0.1065306597, 0.7182818285],
+    #   mean k3 = 0.4124062441; A = 0 so the surrogate adds nothing and
+    #   loss = beta * mean k3 = 0.1 * 0.4124062441 = 0.0412406244.
+    #   d k3 / d logp = (exp(d) - 1) * dd/dlogp = (exp(d) - 1) * (-1) = 1 - exp(d)
+    #                 = [1 - e^-0.5, 1 - e] = [0.3934693403, -1.7182818285],
+    #   times beta / M = 0.1 / 2: grad = [0.0196734670, -0.0859140914].
+    assert m["kl"] == pytest.approx(0.4124062441, abs=1e-7)
+    assert float(loss.detach()) == pytest.approx(0.0412406244, abs=1e-8)
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([0.0196734670, -0.0859140914]), rtol=0, atol=1e-8
+    )
 
 
 def test_select_train_steps():

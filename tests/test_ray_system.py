@@ -119,6 +119,7 @@ def test_end_to_end_toy_run(executor, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     """An actor dies in the middle of a step: its chunk goes to another actor with the same
@@ -158,14 +159,34 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.timeout(300)
 def test_check_prompt_and_filter_state(executor):
     ex = executor
     ex.check_prompt("one red dot on the left")
     with pytest.raises(ValueError, match="toy model reads"):
         ex.check_prompt("a photo of a cat")
+    before = ex.filter_state()
+    # every valid group the filter decides on is counted and enters the (4096-long) history
+    assert before["filter"]["seen"] == len(before["filter"]["history"])
+    # Three groups of G = 2 straight to the filter actor: stds (unbiased) sqrt(0.5) for (0, 1)
+    # and 0 for (0.5, 0.5); the NaN group is invalid, neither decided nor recorded. So `seen`
+    # grows by exactly 2, whatever earlier tests of this module sent.
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.5, float("nan"), 1.0])
+    res = ray.get(ex.filter_actor.filter.remote(rewards, 2), timeout=60)
+    assert res.invalid.tolist() == [False, False, True] and not res.keep[2]
     state = ex.filter_state()
-    assert state["filter"]["seen"] >= 0
+    f0, f1 = before["filter"], state["filter"]
+    assert f1["seen"] == f0["seen"] + 2
+    assert f1["history"][-2:] == pytest.approx([0.5**0.5, 0.0], abs=1e-7)
+    assert f1["dropped"] == f0["dropped"] + int((~res.keep[:2]).sum())
+    assert (state["batches"], state["groups_kept"]) == (
+        before["batches"] + 1,
+        before["groups_kept"] + int(res.keep.sum()),
+    )
+    # the round trip restores: back to `before`, then forward to `state`
+    ex.load_filter_state(before)
+    assert ex.filter_state() == before
     ex.load_filter_state(state)
     assert ex.filter_state() == state
 
@@ -242,44 +263,3 @@ def test_bad_config_fails_before_any_actor(override, field, fix, capsys, monkeyp
     assert field in err and fix in err, err
     assert ray.is_initialized() == was_up
     assert not (tmp_path / "config.json").exists()
-
-
-def test_reward_failure_gives_nan_and_is_counted():
-    """A reward that raises: NaN rewards with the same parts (so chunks still merge), the
-    groups then count as invalid in the filter phase, nothing raises."""
-    from actors.reward import safe_score
-    from maskgrpo_ray.build import build_policy, build_reward_from_config
-    from maskgrpo_ray.phases import filter_groups, generate
-
-    cfg = small_cfg()
-    policy, reward = build_policy(cfg), build_reward_from_config(cfg)
-    rb = generate(
-        policy,
-        load_prompts("toy")[:2],
-        [0, 1],
-        group_size=2,
-        num_steps=2,
-        temperature=1.0,
-        gumbel_temperature=1.0,
-        guidance_scale=0.0,
-        transition="p1",
-        policy_version=0,
-        generator=torch.Generator().manual_seed(0),
-    )
-    ok, failed = safe_score(reward, rb)
-    assert not failed and torch.isfinite(ok.rewards).all()
-
-    class Broken:
-        rewards = reward.rewards
-
-        def score(self, images, prompts):
-            raise RuntimeError("reward server down")
-
-        def __call__(self, images, prompts):
-            raise RuntimeError("reward server down")
-
-    bad, failed = safe_score(Broken(), rb)
-    assert failed and torch.isnan(bad.rewards).all()
-    assert set(bad.reward_parts) == set(ok.reward_parts)
-    res = filter_groups(bad, None)
-    assert res.invalid.all() and not res.keep.any()

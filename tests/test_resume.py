@@ -99,6 +99,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_ray_backend_resumes_to_identical_metrics(tmp_path, monkeypatch):
     """The same drill on the Ray backend: DeepSpeed checkpoint per learner rank, filter actor

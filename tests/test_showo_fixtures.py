@@ -114,7 +114,7 @@ def test_generation_loop_reproduces_reference_samples():
             to_codebook(io["image_tokens"], vocab),
             steps=gen_cfg["timesteps"],
             generator=torch.Generator().manual_seed(gen_cfg["gen_seed"]),
-            temperature=gen_cfg["temperature"],
+            gumbel_temperature=gen_cfg["temperature"],  # t2i_generate's Gumbel temperature
         )
     b = len(sampled)
     for step, state in enumerate(states):
