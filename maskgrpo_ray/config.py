@@ -206,6 +206,12 @@ class EvalConfig(_Strict):
         None, ge=1, description="eval unmasking steps (default: rollout's)"
     )
     guidance_scale: float | None = Field(None, ge=0)
+    gumbel_temperature: float | None = Field(
+        None,
+        ge=0,
+        description="eval sampler's Gumbel tau_0 (default: rollout's); fix it to compare runs "
+        "trained with different rollout samplers on the same evaluation",
+    )
 
 
 class DataConfig(_Strict):

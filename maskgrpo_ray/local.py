@@ -35,7 +35,11 @@ def eval_settings(cfg: Config) -> dict[str, Any]:
             else cfg.rollout.guidance_scale
         ),
         "temperature": cfg.rollout.temperature,
-        "gumbel_temperature": cfg.rollout.gumbel_temperature,
+        "gumbel_temperature": (
+            cfg.eval.gumbel_temperature
+            if cfg.eval.gumbel_temperature is not None
+            else cfg.rollout.gumbel_temperature
+        ),
         "seed": cfg.run.seed + 10_007,
     }
 
