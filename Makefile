@@ -4,12 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-slow test-ci lint format typecheck bench clean-venv help
+.PHONY: run test test-slow test-ci lint format typecheck docs bench clean-venv help
 
 help:
 	@echo "make run        - train on the embedded toy world on a local Ray cluster"
 	@echo "make test       - the default test suite (what CI runs)"
 	@echo "make test-slow  - the longer end-to-end runs"
+	@echo "make test-ci    - the bounded selection of slow runs CI adds"
+	@echo "make docs       - regenerate docs/config.md from the config models"
 	@echo "make lint       - ruff check + format check; make typecheck - mypy"
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -29,6 +31,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow and not gpu" --timeout=1800
 
+test-ci: $(STAMP)
+	$(PY) -m pytest -q -m "slow and ci and not gpu" --timeout=1200
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -39,6 +44,9 @@ format: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+docs: $(STAMP)
+	$(VENV)/bin/maskgrpo config-docs --out docs/config.md
 
 bench: $(STAMP)
 	$(PY) bench/bench_logprob_recompute.py

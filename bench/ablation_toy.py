@@ -52,12 +52,12 @@ VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
         "paper Table 3: 0.62 vs 0.73; our earlier KL form",
     ),
     "computational reduction (last 4 of 8)": (
-        ["train.step_selection=last", "train.steps_trained=4"],
+        ["train.unmasking_step_selection=last", "train.unmasking_steps_trained=4"],
         "below",
         "paper Table 3: 0.56 vs 0.73",
     ),
     "unmasking reduction (train S=4, eval S=8)": (
-        ["rollout.num_steps=4", "eval.num_steps=8"],
+        ["rollout.unmasking_steps=4", "eval.unmasking_steps=8"],
         "below",
         "paper Table 3: 0.66 vs 0.73 (a slight drop)",
     ),

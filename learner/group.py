@@ -103,11 +103,14 @@ class LearnerGroup:
         """One update on all ranks; metrics averaged over ranks (each is already a share)."""
         t = self.cfg.train
         train_steps = select_train_steps(
-            self.cfg.rollout.num_steps, t.step_selection, t.steps_trained, self.step_generator
+            self.cfg.rollout.unmasking_steps,
+            t.unmasking_step_selection,
+            t.unmasking_steps_trained,
+            self.step_generator,
         )
         pairs = batch.num_samples * len(train_steps)
         per_rank = micro_batches_per_rank(
-            batch, self.world_size, len(train_steps), t.micro_batch_samples_per_gpu
+            batch, self.world_size, len(train_steps), t.micro_batch_pairs_per_gpu
         )
         ref = ray.put(batch)
         lr = learning_rate_at(self.cfg, self.version)

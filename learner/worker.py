@@ -45,7 +45,7 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
     """The DeepSpeed config of the learner (ZeRO stage, bf16, clipping from our config)."""
     clip = 0.0 if clips_in_hook(cfg) else cfg.train.grad_clip_norm
     return {
-        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_samples_per_gpu,
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_pairs_per_gpu,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": clip,
@@ -186,7 +186,7 @@ class LearnerWorker:
                 self.engine.module,
                 shard,
                 train_steps=train_steps,
-                micro_batch=t.micro_batch_samples_per_gpu,
+                micro_batch=t.micro_batch_pairs_per_gpu,
                 clip_low=t.clip_low,
                 clip_high=t.clip_high,
                 kl_coef=t.kl_coef,

@@ -86,8 +86,8 @@ def build_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimiz
 def learning_rate_at(cfg: Config, update: int) -> float:
     """Learning rate of the ``update``-th optimizer step (0-based): linear warm-up, then flat."""
     t = cfg.train
-    if t.warmup_steps and update < t.warmup_steps:
-        return t.learning_rate * (update + 1) / t.warmup_steps
+    if t.warmup_updates and update < t.warmup_updates:
+        return t.learning_rate * (update + 1) / t.warmup_updates
     return t.learning_rate
 
 

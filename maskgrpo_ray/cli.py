@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None)
     v.add_argument("--set", dest="overrides", action="append", default=[])
+    d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
+    d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
 
 
@@ -146,10 +148,24 @@ def control(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_docs(out: str | None) -> int:
+    """Print the generated config reference, or write it to ``out`` (``make docs``)."""
+    from maskgrpo_ray.config_docs import render_config_docs
+
+    text = render_config_docs()
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        Path(out).write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("scale", "status"):
         return control(args)
+    if args.command == "config-docs":
+        return config_docs(args.out)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,8 +1,13 @@
 """One config tree, loaded from YAML, validated before any actor starts.
 
 Units are in the names (``prompts_per_step``, ``samples_per_prompt``, ``num_cpus_per_actor``).
-Unknown keys are errors. Cross-field rules live in validators whose messages say the rule, the
-reason and the fix. ``--set a.b.c=value`` overrides are applied to the YAML before validation.
+"Step" alone means a driver step (one generate-score-filter-update iteration: ``train.steps``,
+``eval.every_steps``); unmasking steps of the sampler are ``unmasking_steps`` and optimizer
+updates are ``updates``. Every field has a ``description``; ``docs/config.md`` is rendered from
+them (:mod:`maskgrpo_ray.config_docs`). Unknown keys are errors, and renamed keys
+(:data:`RENAMED_FIELDS`) are errors that name the new key. Cross-field rules live in validators
+whose messages say the rule, the reason and the fix. ``--set a.b.c=value`` overrides are applied
+to the YAML before validation.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ class _Strict(BaseModel):
 
 
 class ToyModelConfig(_Strict):
-    grid: int = Field(4, ge=2, description="image tokens per side (L = grid**2)")
+    """The embedded toy world's policy: a small transformer over a grid of palette tokens."""
+
+    grid: int = Field(4, ge=2, description="image tokens per side (L = grid * grid); even")
     cell_px: int = Field(8, ge=1, description="pixels per token side in the palette decoder")
-    d_model: int = Field(64, ge=8)
-    layers: int = Field(2, ge=1)
-    heads: int = Field(4, ge=1)
-    pretrain_steps: int = Field(600, ge=0)
-    pretrain_batch: int = Field(64, ge=1)
-    pretrain_lr: float = Field(1e-3, gt=0)
+    d_model: int = Field(64, ge=8, description="transformer width (divisible by heads)")
+    layers: int = Field(2, ge=1, description="transformer blocks")
+    heads: int = Field(4, ge=1, description="attention heads per block")
+    pretrain_steps: int = Field(
+        600, ge=0, description="optimizer updates of the supervised pre-training of the base model"
+    )
+    pretrain_batch: int = Field(64, ge=1, description="scenes per pre-training update")
+    pretrain_lr: float = Field(1e-3, gt=0, description="pre-training learning rate")
     noise_prob: float = Field(0.5, ge=0, le=1, description="share of corrupted pre-training scenes")
 
     @model_validator(mode="after")
@@ -42,27 +51,39 @@ class ToyModelConfig(_Strict):
 
 
 class ShowoModelConfig(_Strict):
+    """Show-o (Phi-1.5 transformer + MAGVIT-v2 tokenizer), from local folders or the HF cache."""
+
     showo_path: str | None = Field(None, description="local folder or HF cache repo id of Show-o")
     magvit_path: str | None = Field(
         None, description="local folder or HF cache repo id of MAGVIT-v2"
     )
     tokenizer_path: str | None = Field(None, description="local folder of the Phi-1.5 tokenizer")
     tiny_random: bool = Field(False, description="build a tiny random Show-o (tests, CPU demo)")
-    resolution_px: Literal[256, 512] = 256
-    max_text_tokens: int = Field(128, ge=1)
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    resolution_px: Literal[256, 512] = Field(256, description="image side in pixels")
+    max_text_tokens: int = Field(128, ge=1, description="prompt length in text tokens (padded)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the Show-o transformer's weights"
+    )
 
 
 class ModelConfig(_Strict):
-    kind: Literal["toy", "showo"] = "toy"
-    toy: ToyModelConfig = ToyModelConfig()
-    showo: ShowoModelConfig = ShowoModelConfig()
+    """The policy: which masked image model, and its own settings."""
+
+    kind: Literal["toy", "showo"] = Field("toy", description="which model: 'toy' or 'showo'")
+    toy: ToyModelConfig = Field(
+        ToyModelConfig(), description="settings of the toy model (kind 'toy')"
+    )
+    showo: ShowoModelConfig = Field(
+        ShowoModelConfig(), description="settings of Show-o (kind 'showo')"
+    )
 
 
 class RolloutConfig(_Strict):
-    samples_per_prompt: int = Field(6, description="G, images per prompt (a group)")
-    num_steps: int = Field(8, ge=1, description="unmasking steps in training rollouts")
-    temperature: float = Field(1.0, gt=0)
+    """Sampling: the rollout actors that generate G images per prompt."""
+
+    samples_per_prompt: int = Field(6, description="G, images per prompt (a group); at least 2")
+    unmasking_steps: int = Field(8, ge=1, description="S, unmasking steps in training rollouts")
+    temperature: float = Field(1.0, gt=0, description="token sampling temperature")
     gumbel_temperature: float = Field(
         0.0, ge=0, description="tau_0 of the choose-and-move noise (Show-o uses 1.0)"
     )
@@ -79,9 +100,9 @@ class RolloutConfig(_Strict):
             "at tau = 0); 'eq14' uses Eq. 14 as printed, exact only without noise"
         ),
     )
-    num_actors: int = Field(2, ge=1)
-    num_cpus_per_actor: float = Field(0.5, ge=0)
-    num_gpus_per_actor: float = Field(0.0, ge=0)
+    num_actors: int = Field(2, ge=1, description="rollout actors (Ray backend)")
+    num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per rollout actor")
+    num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout actor")
     prompts_per_chunk: int = Field(
         0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
     )
@@ -98,25 +119,36 @@ class RolloutConfig(_Strict):
 
 
 class RewardComponent(_Strict):
+    """One term of the reward: a registered scorer, its weight and its arguments."""
+
     kind: str = Field(description="registered reward kind: toy_rules, clip, imagereward")
-    weight: float = 1.0
-    args: dict[str, Any] = Field(default_factory=dict)
+    weight: float = Field(1.0, description="weight of this component in the summed reward")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the reward kind (paths, ...)"
+    )
 
 
 class RewardConfig(_Strict):
+    """Scoring: the reward actors and the weighted sum of reward components."""
+
     components: list[RewardComponent] = Field(
-        default_factory=lambda: [RewardComponent(kind="toy_rules")]
+        default_factory=lambda: [RewardComponent(kind="toy_rules")],
+        description="reward terms, summed with their weights (see reward.components[])",
     )
-    num_actors: int = Field(1, ge=1)
-    num_cpus_per_actor: float = Field(0.5, ge=0)
-    num_gpus_per_actor: float = Field(0.0, ge=0)
+    num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
+    num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
+    num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per reward actor")
 
 
 class FilterConfig(_Strict):
-    enabled: bool = True
-    percentile: float = Field(10.0, description="drop groups under this percentile of the history")
-    warmup_groups: int = Field(16, ge=0)
-    max_history: int = Field(1024, ge=1)
+    """Sample filtering: drop groups whose reward std is low against the recent history."""
+
+    enabled: bool = Field(True, description="drop low-variance groups and re-sample their prompts")
+    percentile: float = Field(
+        10.0, description="drop groups under this percentile (0-100) of the group-std history"
+    )
+    warmup_groups: int = Field(16, ge=0, description="groups in the history before any is dropped")
+    max_history: int = Field(1024, ge=1, description="sliding window of group stds, in groups")
     max_resamples: int = Field(2, ge=0, description="re-sampling attempts per dropped prompt")
 
     @model_validator(mode="after")
@@ -130,17 +162,23 @@ class FilterConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(120, ge=0)
-    prompts_per_step: int = Field(16, ge=1, description="B, prompts (groups) per update")
-    learning_rate: float = 1e-3
-    warmup_steps: int = Field(
-        10, ge=0, description="linear LR warm-up (Adam's first steps are sign-like)"
+    """The update: driver steps, optimizer, clipped GRPO objective and its guards."""
+
+    steps: int = Field(
+        120, ge=0, description="driver steps (generate-score-filter-update iterations) to run"
     )
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip_norm: float = Field(1.0, ge=0, description="0 disables clipping")
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.28, ge=0)
+    prompts_per_step: int = Field(16, ge=1, description="B, prompts (groups) per driver step")
+    learning_rate: float = Field(1e-3, description="peak learning rate (AdamW), after warm-up")
+    warmup_updates: int = Field(
+        10, ge=0, description="optimizer updates of linear LR warm-up (Adam's first are sign-like)"
+    )
+    weight_decay: float = Field(
+        0.0, ge=0, description="AdamW weight decay of matrices (biases, norms: none)"
+    )
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2)")
+    grad_clip_norm: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables it")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0, description="ratio clip above: 1 + clip_high")
     kl_coef: float = Field(0.0, ge=0, description="beta of the k3 KL to the frozen base model")
     kl_normalization: Literal["per_token", "per_transition"] = Field(
         "per_token",
@@ -162,13 +200,21 @@ class TrainConfig(_Strict):
         ge=0,
         description="dual-clip c > 1: for A < 0 the surrogate is at least c * A (0 disables)",
     )
-    advantage_eps: float = Field(1e-4, gt=0)
-    step_selection: Literal["all", "first", "last", "random"] = "all"
-    steps_trained: int = Field(0, ge=0, description="k for first/last/random step selection")
-    micro_batch_samples_per_gpu: int = Field(
-        256, ge=1, description="(sample, step) pairs per forward"
+    advantage_eps: float = Field(
+        1e-4, gt=0, description="eps of A = (r - mean) / (std + eps) (Eq. 12)"
     )
-    updates_per_batch: int = Field(1, ge=1, description="optimizer passes over each batch")
+    unmasking_step_selection: Literal["all", "first", "last", "random"] = Field(
+        "all", description="which unmasking steps are trained (computational reduction)"
+    )
+    unmasking_steps_trained: int = Field(
+        0, ge=0, description="k, unmasking steps trained by first/last/random selection"
+    )
+    micro_batch_pairs_per_gpu: int = Field(
+        256, ge=1, description="(sample, unmasking step) pairs per forward pass, per learner rank"
+    )
+    updates_per_batch: int = Field(
+        1, ge=1, description="optimizer updates (passes) over each driver step's batch"
+    )
 
     @model_validator(mode="after")
     def _lr(self) -> TrainConfig:
@@ -187,11 +233,13 @@ class TrainConfig(_Strict):
 
 
 class LearnerConfig(_Strict):
+    """The learner group: DeepSpeed ranks that compute the update."""
+
     num_workers: int = Field(1, ge=1, description="learner ranks (torch.distributed world size)")
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    bf16: bool = False
-    num_cpus_per_worker: float = Field(0.5, ge=0)
-    num_gpus_per_worker: float = Field(0.0, ge=0)
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
+    bf16: bool = Field(False, description="DeepSpeed bf16 mixed precision")
+    num_cpus_per_worker: float = Field(0.5, ge=0, description="Ray CPUs reserved per learner rank")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank")
     torch_threads_per_worker: int = Field(
         0,
         ge=0,
@@ -200,12 +248,18 @@ class LearnerConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every_steps: int = Field(0, ge=0, description="0: evaluate only before and after training")
-    samples_per_prompt: int = Field(32, ge=1)
-    num_steps: int | None = Field(
-        None, ge=1, description="eval unmasking steps (default: rollout's)"
+    """Held-out evaluation with a fixed seed; unset sampler fields default to the rollout's."""
+
+    every_steps: int = Field(
+        0, ge=0, description="driver steps between evaluations; 0: only before and after training"
     )
-    guidance_scale: float | None = Field(None, ge=0)
+    samples_per_prompt: int = Field(32, ge=1, description="images per eval prompt")
+    unmasking_steps: int | None = Field(
+        None, ge=1, description="eval unmasking steps (default: rollout.unmasking_steps)"
+    )
+    guidance_scale: float | None = Field(
+        None, ge=0, description="eval Show-o CFG w (default: rollout's)"
+    )
     gumbel_temperature: float | None = Field(
         None,
         ge=0,
@@ -215,52 +269,69 @@ class EvalConfig(_Strict):
 
 
 class DataConfig(_Strict):
+    """Prompts for training and evaluation."""
+
     prompts: str = Field("toy", description="'toy' (built-in grammar) or a .txt/.json/.jsonl file")
-    eval_prompts: str | None = None
-    shuffle: bool = True
+    eval_prompts: str | None = Field(None, description="eval prompts file (default: data.prompts)")
+    shuffle: bool = Field(True, description="shuffle the training prompts each epoch (seeded)")
 
 
 class LoggingConfig(_Strict):
-    sample_grid_every_steps: int = Field(20, ge=0)
-    progress_bar: bool = True
+    """Run outputs besides metrics.jsonl."""
+
+    sample_grid_every_steps: int = Field(
+        20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"
+    )
+    progress_bar: bool = Field(True, description="show a tqdm progress bar")
 
 
 class RunConfig(_Strict):
+    """Backend and bookkeeping: cluster, seed, run folder, checkpoints."""
+
     backend: Literal["ray", "local"] = Field("ray", description="'local' = single-process baseline")
-    seed: int = 0
-    run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
-    name: str = "toy"
+    seed: int = Field(0, description="seed of prompts, sampling and the update")
+    run_dir: str | None = Field(
+        None, description="run folder; default: runs/{run.name}-{timestamp}"
+    )
+    name: str = Field("toy", description="run name (run folder prefix, Ray control actor name)")
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS or a new local cluster")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray cluster")
-    checkpoint_every_steps: int = Field(0, ge=0)
-    keep_checkpoints: int = Field(2, ge=1)
+    checkpoint_every_steps: int = Field(
+        0, ge=0, description="driver steps between checkpoints; 0: none"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="most recent checkpoints kept on disk")
 
 
 class Config(_Strict):
-    run: RunConfig = RunConfig()
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    reward: RewardConfig = RewardConfig()
-    filter: FilterConfig = FilterConfig()
-    train: TrainConfig = TrainConfig()
-    learner: LearnerConfig = LearnerConfig()
-    eval: EvalConfig = EvalConfig()
-    logging: LoggingConfig = LoggingConfig()
+    """The whole run: one section per role."""
+
+    run: RunConfig = Field(RunConfig(), description="backend and bookkeeping")
+    model: ModelConfig = Field(ModelConfig(), description="the policy")
+    data: DataConfig = Field(DataConfig(), description="prompts")
+    rollout: RolloutConfig = Field(RolloutConfig(), description="sampling")
+    reward: RewardConfig = Field(RewardConfig(), description="scoring")
+    filter: FilterConfig = Field(FilterConfig(), description="sample filtering")
+    train: TrainConfig = Field(TrainConfig(), description="the update")
+    learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
+    eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
+    logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
 
     @model_validator(mode="after")
     def _cross(self) -> Config:
-        steps = self.rollout.num_steps
-        if self.train.step_selection != "all" and not 1 <= self.train.steps_trained <= steps:
+        steps = self.rollout.unmasking_steps
+        t = self.train
+        if t.unmasking_step_selection != "all" and not 1 <= t.unmasking_steps_trained <= steps:
             raise ValueError(
-                f"train.steps_trained={self.train.steps_trained} with train.step_selection="
-                f"{self.train.step_selection!r}: it must be in [1, rollout.num_steps={steps}] "
-                "(how many unmasking steps to train); set it, or use step_selection 'all'"
+                f"train.unmasking_steps_trained={t.unmasking_steps_trained} with "
+                f"train.unmasking_step_selection={t.unmasking_step_selection!r}: it must be in "
+                f"[1, rollout.unmasking_steps={steps}] (how many unmasking steps to train); set "
+                "it, or use unmasking_step_selection 'all'"
             )
         if self.model.kind == "toy" and steps > self.model.toy.grid**2:
             raise ValueError(
-                f"rollout.num_steps={steps} exceeds the toy image's {self.model.toy.grid**2} "
-                "tokens: every step must commit at least one token; lower rollout.num_steps"
+                f"rollout.unmasking_steps={steps} exceeds the toy image's "
+                f"{self.model.toy.grid**2} tokens: every step must commit at least one token; "
+                "lower rollout.unmasking_steps"
             )
         if self.model.kind == "showo" and not (
             self.model.showo.tiny_random or self.model.showo.showo_path
@@ -274,6 +345,35 @@ class Config(_Strict):
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the field, the value and the fix."""
+
+
+_DRIVER_STEPS = "'steps' alone now means driver steps"
+RENAMED_FIELDS: dict[str, tuple[str, str]] = {
+    # old dotted key: (new dotted key, why)
+    "train.warmup_steps": ("train.warmup_updates", f"it counts optimizer updates; {_DRIVER_STEPS}"),
+    "rollout.num_steps": ("rollout.unmasking_steps", _DRIVER_STEPS),
+    "eval.num_steps": ("eval.unmasking_steps", _DRIVER_STEPS),
+    "train.step_selection": ("train.unmasking_step_selection", _DRIVER_STEPS),
+    "train.steps_trained": ("train.unmasking_steps_trained", _DRIVER_STEPS),
+    "train.micro_batch_samples_per_gpu": (
+        "train.micro_batch_pairs_per_gpu",
+        "it counts (sample, unmasking step) pairs, not samples",
+    ),
+}
+"""Config keys that were renamed: old dotted key -> (new dotted key, reason). Old keys fail."""
+
+
+def _renamed_keys(tree: dict[str, Any]) -> list[str]:
+    """One message per renamed key present in the raw ``tree``: the old key, the new, the why."""
+    found = []
+    for old, (new, why) in RENAMED_FIELDS.items():
+        node: Any = tree
+        *sections, leaf = old.split(".")
+        for key in sections:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            found.append(f"  {old} was renamed {new}: {why}; rename the key in your YAML or --set")
+    return found
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -327,6 +427,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate_config(tree: dict[str, Any]) -> Config:
+    """Validate a raw config tree; renamed keys and broken rules raise ConfigError."""
+    renamed = _renamed_keys(tree)
+    if renamed:
+        raise ConfigError("invalid config:\n" + "\n".join(renamed))
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

@@ -28,7 +28,7 @@ def eval_settings(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of ``phases.evaluate`` from the config (fixed seed)."""
     return {
         "samples_per_prompt": cfg.eval.samples_per_prompt,
-        "num_steps": cfg.eval.num_steps or cfg.rollout.num_steps,
+        "num_steps": cfg.eval.unmasking_steps or cfg.rollout.unmasking_steps,
         "guidance_scale": (
             cfg.eval.guidance_scale
             if cfg.eval.guidance_scale is not None
@@ -49,7 +49,7 @@ def rollout_settings(cfg: Config) -> dict[str, Any]:
     r = cfg.rollout
     return {
         "group_size": r.samples_per_prompt,
-        "num_steps": r.num_steps,
+        "num_steps": r.unmasking_steps,
         "temperature": r.temperature,
         "gumbel_temperature": r.gumbel_temperature,
         "guidance_scale": r.guidance_scale,
@@ -62,10 +62,10 @@ def update_settings(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of the update from the config."""
     t = cfg.train
     return {
-        "num_steps": cfg.rollout.num_steps,
-        "step_selection": t.step_selection,
-        "steps_trained": t.steps_trained,
-        "micro_batch": t.micro_batch_samples_per_gpu,
+        "num_steps": cfg.rollout.unmasking_steps,
+        "step_selection": t.unmasking_step_selection,
+        "steps_trained": t.unmasking_steps_trained,
+        "micro_batch": t.micro_batch_pairs_per_gpu,
         "clip_low": t.clip_low,
         "clip_high": t.clip_high,
         "grad_clip_norm": t.grad_clip_norm,

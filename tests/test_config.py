@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.config import ConfigError, load_config
+from maskgrpo_ray.config import RENAMED_FIELDS, ConfigError, load_config
 
 
 def test_toy_config_loads_and_overrides_apply():
@@ -20,7 +20,11 @@ def test_toy_config_loads_and_overrides_apply():
         ("train.learning_rate=-1e-3", ["train.learning_rate=-0.001", "positive", "use e.g."]),
         ("rollout.samples_per_prompt=1", ["samples_per_prompt=1", "G >= 2", "set it to 2"]),
         ("filter.percentile=150", ["filter.percentile=150", "outside 0-100", "[0, 100]"]),
-        ("train.step_selection=first", ["steps_trained=0", "rollout.num_steps", "set it"]),
+        (
+            "train.unmasking_step_selection=first",
+            ["unmasking_steps_trained=0", "rollout.unmasking_steps=8", "set it"],
+        ),
+        ("rollout.unmasking_steps=17", ["unmasking_steps=17", "16 tokens", "lower rollout."]),
         ("rollout.transition=p3", ["rollout.transition", "'p3'"]),
     ],
 )
@@ -69,3 +73,61 @@ def test_shipped_configs_validate(path):
 def test_embedded_default_equals_toy_yaml():
     # `maskgrpo train` without --config runs the toy world: the model defaults are configs/toy.yaml
     assert load_config(None) == load_config("configs/toy.yaml")
+
+
+# The six renames: "step" alone means a driver step; the old key fails naming the new one.
+RENAMES = [
+    ("train.warmup_steps", "train.warmup_updates", 10, "optimizer updates"),
+    ("rollout.num_steps", "rollout.unmasking_steps", 4, "driver steps"),
+    ("eval.num_steps", "eval.unmasking_steps", 4, "driver steps"),
+    ("train.step_selection", "train.unmasking_step_selection", "last", "driver steps"),
+    ("train.steps_trained", "train.unmasking_steps_trained", 2, "driver steps"),
+    ("train.micro_batch_samples_per_gpu", "train.micro_batch_pairs_per_gpu", 8, "pairs"),
+]
+
+
+def test_renames_table_is_complete():
+    assert {(old, RENAMED_FIELDS[old][0]) for old, *_ in RENAMES} == {
+        (old, new) for old, (new, _) in RENAMED_FIELDS.items()
+    }
+
+
+def _assert_renamed(err: ConfigError, old: str, new: str, why: str) -> None:
+    msg = str(err)
+    assert f"{old} was renamed {new}: " in msg, msg
+    assert why in msg and "rename the key in your YAML or --set" in msg, msg
+
+
+@pytest.mark.parametrize(("old", "new", "value", "why"), RENAMES)
+def test_old_name_via_set_is_rejected_with_new_name(old, new, value, why):
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/toy.yaml", [f"{old}={value}"])
+    _assert_renamed(err.value, old, new, why)
+    # the new name takes the same value (the selection needs its k alongside)
+    extra = ["train.unmasking_steps_trained=2"] if new.endswith("step_selection") else []
+    cfg = load_config("configs/toy.yaml", [f"{new}={value}", *extra])
+    section, field = new.split(".")
+    assert getattr(getattr(cfg, section), field) == value
+
+
+@pytest.mark.parametrize(("old", "new", "value", "why"), RENAMES)
+def test_old_name_in_yaml_is_rejected_with_new_name(tmp_path, old, new, value, why):
+    section, field = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{section}:\n  {field}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    _assert_renamed(err.value, old, new, why)
+
+
+def test_all_old_names_are_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{old}={value}" for old, _, value, _ in RENAMES])
+    assert str(err.value).count(" was renamed ") == len(RENAMES)
+
+
+def test_cli_old_name_exits_2_before_starting_anything(capsys, tmp_path):
+    argv = ["train", "--set", "rollout.num_steps=4", "--run-dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "rollout.num_steps was renamed rollout.unmasking_steps" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -34,11 +34,11 @@ def small_cfg(*extra: str) -> Config:
     return load_config(
         TOY,
         [
-            "rollout.num_steps=4",
+            "rollout.unmasking_steps=4",
             "train.prompts_per_step=3",
             "learner.num_workers=2",
             "learner.num_cpus_per_worker=0.5",
-            "train.micro_batch_samples_per_gpu=20",
+            "train.micro_batch_pairs_per_gpu=20",
             "train.grad_clip_norm=1.0",
             *extra,
         ],
@@ -59,7 +59,7 @@ def toy_batch(cfg: Config) -> TrainBatch:
         prompts,
         [0, 1, 2],
         group_size=r.samples_per_prompt,
-        num_steps=r.num_steps,
+        num_steps=r.unmasking_steps,
         temperature=r.temperature,
         gumbel_temperature=r.gumbel_temperature,
         guidance_scale=0.0,

@@ -15,7 +15,7 @@ from maskgrpo_ray.data import PromptStream, load_prompts
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [
     "train.prompts_per_step=8",
-    "rollout.num_steps=4",
+    "rollout.unmasking_steps=4",
     "rollout.num_actors=1",
     "rollout.prompts_per_chunk=2",
     "reward.num_actors=1",

@@ -172,7 +172,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
             f"train.steps={steps}",
             f"train.prompts_per_step={b}",
             f"rollout.samples_per_prompt={G}",
-            "rollout.num_steps=4",
+            "rollout.unmasking_steps=4",
             "filter.enabled=false",  # no drops and re-samples: one batch per step
             "eval.samples_per_prompt=1",
             "logging.progress_bar=false",

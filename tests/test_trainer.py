@@ -150,7 +150,7 @@ def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
             "--set",
             "train.prompts_per_step=3",
             "--set",
-            "rollout.num_steps=4",
+            "rollout.unmasking_steps=4",
             "--set",
             "eval.samples_per_prompt=1",
             "--set",
