@@ -13,13 +13,13 @@ import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.build import build_filter
-from maskgrpo_ray.config import Config
 from maskgrpo_ray.phases import FilterResult, filter_rewards
+from maskgrpo_ray.settings import FilterSettings
 
 
 class FilterActor:
-    def __init__(self, cfg: Config) -> None:
-        self.filt: StdHistoryFilter | None = build_filter(cfg)
+    def __init__(self, settings: FilterSettings) -> None:
+        self.filt: StdHistoryFilter | None = build_filter(settings)
         self.batches = 0
         self.groups_kept = 0
 

@@ -12,12 +12,12 @@ import time
 
 import ray
 
-from maskgrpo_ray.build import build_reward_from_config, resolve_device
-from maskgrpo_ray.config import Config
+from maskgrpo_ray.build import build_reward_from_settings, resolve_device
 from maskgrpo_ray.phases import merge_reward_failures, reward_failure_metrics, score
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.rewards.base import Reward
+from maskgrpo_ray.settings import RewardSettings
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch
 
 
@@ -25,16 +25,23 @@ class RewardActor:
     """One reward model replica (CPU share or a GPU, from the config).
 
     Args:
-        cfg: the run's config (``reward.*``).
+        settings: the reward composition (``reward.components``).
+        num_gpus: the GPU share the actor was given (CUDA when > 0 and present).
         actor_id: this replica's number (a metrics tag).
-        reward: a reward to use instead of building ``reward.components`` (tests, custom code).
+        reward: a reward to use instead of building ``settings`` (tests, custom code).
     """
 
-    def __init__(self, cfg: Config, actor_id: int, reward: Reward | None = None) -> None:
+    def __init__(
+        self,
+        settings: RewardSettings,
+        num_gpus: float,
+        actor_id: int,
+        reward: Reward | None = None,
+    ) -> None:
         apply_env_defaults()
         self.actor_id = actor_id
         if reward is None:
-            reward = build_reward_from_config(cfg, resolve_device(cfg.reward.num_gpus_per_actor))
+            reward = build_reward_from_settings(settings, resolve_device(num_gpus))
         self.reward = reward
         self.batches = 0
         self.failures: dict[str, dict[str, int]] = {}

@@ -8,46 +8,64 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import ray
 import torch
 
-from maskgrpo_ray.build import build_policy, build_reward_from_config, resolve_device
-from maskgrpo_ray.config import Config
-from maskgrpo_ray.local import eval_settings, rollout_settings
+from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
+from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.phases import evaluate, generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
+from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
 from maskgrpo_ray.types import RolloutBatch
 
 
 class RolloutActor:
-    """One policy replica. Resources (CPU share, GPU) are set by ``.options`` from the config."""
+    """One policy replica. Resources (CPU share, GPU) are set by ``.options`` from the config.
 
-    def __init__(self, cfg: Config, actor_id: int) -> None:
+    Args:
+        model: the model section (what to build; weights then come from the learner).
+        rollout: the sampler's settings for training rollouts.
+        evaluation: the sampler's settings for held-out evaluation.
+        reward: the reward composition evaluation scores with (built on first use).
+        num_gpus: the GPU share the actor was given (CUDA when > 0 and present).
+        actor_id: the pool's id of this replica.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        rollout: RolloutSettings,
+        evaluation: EvalSettings,
+        reward: RewardSettings,
+        num_gpus: float,
+        actor_id: int,
+    ) -> None:
         apply_env_defaults()
-        self.cfg = cfg
+        self.rollout, self.evaluation, self.reward_settings = rollout, evaluation, reward
         self.actor_id = actor_id
-        self.device = resolve_device(cfg.rollout.num_gpus_per_actor)
-        self.policy = build_policy(cfg, self.device).eval()
+        self.device = resolve_device(num_gpus)
+        self.policy = build_policy(model, self.device).eval()
         self.version = 0
+        self.chunks = 0
         self._eval_reward: Any = None
-        self._calls = 0
-        self._exit_on_call: int | None = None
 
     def ready(self) -> int:
         return self.actor_id
 
-    def check_prompt(self, prompt: str) -> str | None:
-        """None if the policy can read ``prompt``, else the reason (a ValueError's message)."""
-        try:
-            self.policy.tokenize([prompt])
-        except ValueError as err:
-            return str(err)
-        return None
+    def check_prompts(self, prompts: list[str]) -> list[str | None]:
+        """Per prompt: None if the policy can read it, else the reason (a ValueError's text)."""
+        out: list[str | None] = []
+        for prompt in prompts:
+            try:
+                self.policy.tokenize([prompt])
+                out.append(None)
+            except ValueError as err:
+                out.append(str(err))
+        return out
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         """Install the learner's weights (a subset of the state dict: the trained tensors)."""
@@ -60,9 +78,6 @@ class RolloutActor:
 
     def generate(self, prompts: list[str], positions: list[int], seed: int) -> RolloutBatch:
         """``G`` samples for each prompt of the chunk, tagged with this actor's version."""
-        self._calls += 1
-        if self._exit_on_call is not None and self._calls >= self._exit_on_call:
-            os._exit(1)  # a crash in the middle of a chunk (failure drills, tests)
         t0 = time.perf_counter()
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         batch = generate(
@@ -71,8 +86,9 @@ class RolloutActor:
             positions,
             policy_version=self.version,
             generator=gen,
-            **rollout_settings(self.cfg),
+            **self.rollout.kwargs(),
         )
+        self.chunks += 1
         process_metrics().observe(
             "maskgrpo_generate_seconds", time.perf_counter() - t0, {"actor": str(self.actor_id)}
         )
@@ -81,19 +97,21 @@ class RolloutActor:
     def evaluate(self, prompts: list[str]) -> dict[str, float]:
         """Held-out evaluation with the current weights (fixed seed, as the local trainer)."""
         if self._eval_reward is None:
-            self._eval_reward = build_reward_from_config(self.cfg, self.device)
-        return evaluate(self.policy, self._eval_reward, prompts, **eval_settings(self.cfg))
+            self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
+        return evaluate(self.policy, self._eval_reward, prompts, **self.evaluation.kwargs())
 
-    def weights_digest(self) -> tuple[int, float]:
-        """(version, sum of all parameters): a cheap fingerprint for tests."""
+    def status(self) -> dict[str, Any]:
+        """What an operator checks of a replica: id, device, weights version, chunks done and
+        a checksum of its weights (replicas of one version must agree)."""
         with torch.no_grad():
-            total = sum(float(p.double().sum()) for p in self.policy.parameters())
-        return self.version, total
-
-    def exit_on_call(self, call_number: int) -> None:
-        """Die (``os._exit``) when ``generate`` is called for the ``call_number``-th time in
-        total; a deterministic crash for failure drills and tests."""
-        self._exit_on_call = int(call_number)
+            checksum = sum(float(p.double().sum()) for p in self.policy.parameters())
+        return {
+            "actor_id": self.actor_id,
+            "device": str(self.device),
+            "version": self.version,
+            "chunks": self.chunks,
+            "weights_checksum": checksum,
+        }
 
 
 RemoteRolloutActor = ray.remote(RolloutActor)

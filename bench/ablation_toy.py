@@ -221,7 +221,7 @@ def main() -> None:
     from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
 
-    build_policy(load_config(ROOT / "configs" / "toy.yaml"))
+    build_policy(load_config(ROOT / "configs" / "toy.yaml").model)
     jobs = [(n, s, args.steps) for n in names for s in seeds]
     runs = []
     t0 = time.perf_counter()

@@ -14,9 +14,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from learner.worker import RemoteLearnerWorker
-from maskgrpo_ray.algo.grpo import select_train_steps
-from maskgrpo_ray.build import learning_rate_at
-from maskgrpo_ray.config import Config
+from maskgrpo_ray.learner_core import UpdatePlanner
+from maskgrpo_ray.settings import RunSettings
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -55,13 +54,13 @@ class LearnerGroup:
     """``learner.num_workers`` DeepSpeed ranks, packed into one placement group.
 
     Args:
-        cfg: the run's config (resources from ``learner.*``).
+        settings: the run's settings (the ranks get ``model``, ``update`` and ``learner``).
         timeout_s: longest wait for any learner call.
     """
 
-    def __init__(self, cfg: Config, timeout_s: float = 600.0) -> None:
-        self.cfg, self.timeout_s = cfg, timeout_s
-        lc = cfg.learner
+    def __init__(self, settings: RunSettings, timeout_s: float = 600.0) -> None:
+        self.settings, self.timeout_s = settings, timeout_s
+        lc = settings.learner
         self.world_size = lc.num_workers
         if lc.zero_stage > 0 and self.world_size > 1:
             log.warning(
@@ -90,45 +89,37 @@ class LearnerGroup:
         self.workers = [
             RemoteLearnerWorker.options(
                 num_cpus=lc.num_cpus_per_worker, num_gpus=lc.num_gpus_per_worker, **opts[i]
-            ).remote(cfg, i, self.world_size)
+            ).remote(settings.model, settings.update, lc, i, self.world_size)
             for i in range(self.world_size)
         ]
         addr, port = ray.get(self.workers[0].address.remote(), timeout=timeout_s)
         counts = ray.get([w.setup.remote(addr, port) for w in self.workers], timeout=timeout_s)
-        self.num_parameters = int(counts[0])
-        self.step_generator = torch.Generator().manual_seed(cfg.run.seed + 1)
+        log.info("learner: %d ranks, %d trained parameters each", self.world_size, counts[0])
+        self.planner = UpdatePlanner(settings.update)
         self.version = 0
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One update on all ranks; metrics averaged over ranks (each is already a share)."""
-        t = self.cfg.train
-        train_steps = select_train_steps(
-            self.cfg.rollout.unmasking_steps,
-            t.unmasking_step_selection,
-            t.unmasking_steps_trained,
-            self.step_generator,
-        )
-        pairs = batch.num_samples * len(train_steps)
+        """One update on all ranks (``learner_core.apply_update`` each), planned once here."""
+        plan = self.planner.plan(self.version)
+        k = len(plan.train_steps)
+        pairs = batch.num_samples * k
         per_rank = micro_batches_per_rank(
-            batch, self.world_size, len(train_steps), t.micro_batch_pairs_per_gpu
+            batch, self.world_size, k, self.settings.update.micro_batch_pairs
         )
         ref = ray.put(batch)
-        lr = learning_rate_at(self.cfg, self.version)
         outs = ray.get(
             [
-                w.update.remote(
-                    ref, train_steps, pairs / self.world_size, max(max(per_rank), 1), lr
-                )
+                w.update.remote(ref, plan, pairs / self.world_size, max(max(per_rank), 1))
                 for w in self.workers
             ],
             timeout=self.timeout_s,
         )
         self.version += 1
-        return {**reduce_rank_metrics(outs), "learning_rate": lr}
+        return reduce_rank_metrics(outs)
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to the trained tensors (rank 0's; all ranks under ZeRO-3)."""
-        if self.cfg.learner.zero_stage == 3:
+        if self.settings.learner.zero_stage == 3:
             refs = [w.trained_state.remote() for w in self.workers]
             return refs[0]
         return self.workers[0].trained_state.remote()
@@ -144,7 +135,7 @@ class LearnerGroup:
     def load(self, folder: str, version: int, step_generator_state: torch.Tensor) -> None:
         ray.get([w.load.remote(folder) for w in self.workers], timeout=self.timeout_s)
         self.version = version
-        self.step_generator.set_state(step_generator_state)
+        self.planner.load_state(step_generator_state)
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):  # best effort on the way out

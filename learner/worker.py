@@ -17,7 +17,6 @@ DeepSpeed's accelerator) and train on whole groups of the update's batch
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from typing import Any
@@ -25,36 +24,78 @@ from typing import Any
 import ray
 import torch
 
-from maskgrpo_ray.build import build_optimizer, build_policy, loss_guards, resolve_device
-from maskgrpo_ray.config import Config
-from maskgrpo_ray.phases import accumulate_gradients
+from maskgrpo_ray.build import build_policy, resolve_device
+from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.learner_core import (
+    UpdatePlan,
+    apply_update,
+    build_optimizer,
+    grad_norm_and_clip,
+    reference_policy,
+)
+from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.ray_cluster import apply_env_defaults
+from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
 
-def clips_in_hook(cfg: Config) -> bool:
+def clips_in_hook(learner: LearnerSettings) -> bool:
     """Plain fp32 data parallel (ZeRO stage 0): we clip in an optimizer pre-step hook, where
     the gradients are already averaged, so the pre-clip norm can be reported as DeepSpeed does
     for ZeRO (``engine.get_global_grad_norm``) and the single-process trainer does."""
-    return cfg.learner.zero_stage == 0 and not cfg.learner.bf16
+    return learner.zero_stage == 0 and not learner.bf16
 
 
-def deepspeed_config(cfg: Config) -> dict[str, Any]:
-    """The DeepSpeed config of the learner (ZeRO stage, bf16, clipping from our config)."""
-    clip = 0.0 if clips_in_hook(cfg) else cfg.train.grad_clip_norm
+def deepspeed_config(update: UpdateSettings, learner: LearnerSettings) -> dict[str, Any]:
+    """The DeepSpeed config of the learner (ZeRO stage, bf16, clipping from our settings)."""
+    clip = 0.0 if clips_in_hook(learner) else update.grad_clip_norm
     return {
-        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_pairs_per_gpu,
+        "train_micro_batch_size_per_gpu": update.micro_batch_pairs,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": clip,
-        "zero_optimization": {"stage": cfg.learner.zero_stage},
+        "zero_optimization": {"stage": learner.zero_stage},
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": cfg.learner.bf16},
+        "bf16": {"enabled": learner.bf16},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+
+
+class DeepSpeedOptimizing:
+    """The learner-rank backend of ``learner_core.apply_update``: a DeepSpeed engine.
+
+    ``engine.backward`` only accumulates locally; ``engine.step`` reduces across ranks, clips
+    and steps (ZeRO stage 0 fp32: clipping happens in an optimizer pre-step hook, after the
+    reduction, which records the pre-clip norm).
+    """
+
+    def __init__(self, engine: Any, worker: LearnerWorker) -> None:
+        self.engine, self.worker = engine, worker
+        self.module: MaskedImagePolicy = engine.module
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def zero_grad(self) -> None:
+        pass  # engine.step zeroes the gradients it reduced
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def pad_backward(self) -> None:
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.engine.backward(sum((p * 0).sum() for p in params))
+
+    def step(self) -> float | None:
+        self.engine.step()
+        if clips_in_hook(self.worker.learner):
+            return self.worker.hook_norm
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
 
 
 def is_loopback(host: str) -> bool:
@@ -64,21 +105,28 @@ def is_loopback(host: str) -> bool:
 class LearnerWorker:
     """Rank ``rank`` of ``world_size``. ``setup`` joins the process group and builds DeepSpeed."""
 
-    def __init__(self, cfg: Config, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        update: UpdateSettings,
+        learner: LearnerSettings,
+        rank: int,
+        world_size: int,
+    ) -> None:
         apply_env_defaults()
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.device = resolve_device(cfg.learner.num_gpus_per_worker)
-        threads = cfg.learner.torch_threads_per_worker
+        self.update_settings, self.learner = update, learner
+        self.rank, self.world_size = rank, world_size
+        self.device = resolve_device(learner.num_gpus_per_worker)
+        threads = learner.torch_threads_per_worker
         if threads == 0 and self.device.type == "cpu":
             # the step loop is synchronous: while the learner works, rollouts wait
             threads = max(1, (os.cpu_count() or 1) // world_size)
         if threads > 0:
             torch.set_num_threads(threads)
-        self.policy = build_policy(cfg, self.device)
-        self.ref_policy = None
-        if cfg.train.kl_coef > 0:
-            self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.policy = build_policy(model, self.device)
+        self.ref_policy = reference_policy(update, self.policy)
         self.engine: Any = None
+        self.hook_norm: float | None = None
 
     def address(self) -> tuple[str, int]:
         """(this node's IP, a port): rank 0's is the rendezvous of the group.
@@ -128,85 +176,44 @@ class LearnerWorker:
         }
         os.environ.update({k: str(v) for k, v in env.items()})  # LOCAL_RANK 0: Ray gives
         self._init_process_group(master_addr, master_port)  # each worker its own GPU
-        optimizer = build_optimizer(self.cfg, self.policy)
-        self._hook_norm: float | None = None
-        if clips_in_hook(self.cfg):
+        optimizer = build_optimizer(self.update_settings, self.policy)
+        if clips_in_hook(self.learner):
             optimizer.register_step_pre_hook(self._clip_hook)
         self.engine, _, _, _ = deepspeed.initialize(
-            model=self.policy, optimizer=optimizer, config=deepspeed_config(self.cfg)
+            model=self.policy,
+            optimizer=optimizer,
+            config=deepspeed_config(self.update_settings, self.learner),
         )
+        self.optimizing = DeepSpeedOptimizing(self.engine, self)
         return sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
 
     def _clip_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Before the optimizer step (gradients averaged over ranks): record the norm, clip."""
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        c = self.cfg.train.grad_clip_norm
-        if c > 0:
-            self._hook_norm = float(torch.nn.utils.clip_grad_norm_(params, c))
-        else:
-            self._hook_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
-
-    def _zero_backward(self) -> None:
-        params = [p for p in self.engine.module.parameters() if p.requires_grad]
-        self.engine.backward(sum((p * 0).sum() for p in params))
+        self.hook_norm = grad_norm_and_clip(params, self.update_settings.grad_clip_norm)
 
     def update(
-        self,
-        batch: TrainBatch,
-        train_steps: torch.Tensor,
-        normalizer: float,
-        num_backward: int,
-        learning_rate: float,
+        self, batch: TrainBatch, plan: UpdatePlan, normalizer: float, num_backward: int
     ) -> dict[str, float]:
-        """``train.updates_per_batch`` optimizer steps on this rank's shard of ``batch``.
+        """``learner_core.apply_update`` on this rank's shard of ``batch``.
 
         Args:
             batch: the whole update's batch (every rank takes its own groups).
-            train_steps: long ``[K]`` unmasking steps trained (same on every rank).
+            plan: the trained unmasking steps and the learning rate (same on every rank).
             normalizer: ``M / W``, pairs of the whole update per rank.
             num_backward: backward calls per optimizer step on every rank (the most any rank
                 needs); this rank pads with zero-loss backwards.
         """
         shard = batch.shard(self.rank, self.world_size)
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = learning_rate
-        t = self.cfg.train
-        self.engine.module.train()
-        metrics: dict[str, float] = {}
-        calls = [0]
-
-        def backward(loss: torch.Tensor) -> None:
-            calls[0] += 1
-            self.engine.backward(loss)
-
-        first: dict[str, float] = {}
-        for i in range(t.updates_per_batch):
-            calls[0] = 0
-            metrics = accumulate_gradients(
-                self.engine.module,
-                shard,
-                train_steps=train_steps,
-                micro_batch=t.micro_batch_pairs_per_gpu,
-                clip_low=t.clip_low,
-                clip_high=t.clip_high,
-                kl_coef=t.kl_coef,
-                ref_policy=self.ref_policy,
-                backward=backward,
-                normalizer=normalizer,
-                guards=loss_guards(self.cfg),
-            )
-            if i == 0:  # the spread of |log-ratio| before this batch's first optimizer step
-                first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
-            for _ in range(num_backward - calls[0]):
-                self._zero_backward()
-            self.engine.step()
-            norm = (
-                self._hook_norm if clips_in_hook(self.cfg) else self.engine.get_global_grad_norm()
-            )
-            if norm is not None:
-                metrics["grad_norm"] = float(norm)
-        self.engine.module.eval()
-        return {**metrics, **first}
+        return apply_update(
+            self.optimizing,
+            shard,
+            plan,
+            self.update_settings,
+            ref_policy=self.ref_policy,
+            normalizer=normalizer,
+            num_backward=num_backward,
+        )
 
     def save(self, folder: str) -> None:
         """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions); every rank calls it."""
@@ -223,7 +230,7 @@ class LearnerWorker:
         """
         module = self.engine.module
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if self.cfg.learner.zero_stage == 3:
+        if self.learner.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters([p for _, p in params]):

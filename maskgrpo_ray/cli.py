@@ -80,7 +80,7 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
     import torch
 
     from maskgrpo_ray import driver
-    from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_config
+    from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_settings
     from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompts
     from maskgrpo_ray.metrics import write_json_atomic
 
@@ -93,17 +93,20 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
     eval_prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts, "eval")
     if cfg.run.backend == "local":
         from maskgrpo_ray.local import LocalExecutor
+        from maskgrpo_ray.settings import settings_from_config
 
-        policy = build_policy(cfg)
+        settings = settings_from_config(cfg)
+        policy = build_policy(cfg.model)
         train_prompts, _ = keep_valid_prompts(train_prompts, lambda p: policy.tokenize([p]))
         eval_prompts, _ = keep_valid_prompts(eval_prompts, lambda p: policy.tokenize([p]))
-        ex: Any = LocalExecutor(cfg, policy, build_reward_from_config(cfg), build_filter(cfg))
+        reward = build_reward_from_settings(settings.reward)
+        ex: Any = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
     else:
         from maskgrpo_ray.ray_executor import RayExecutor
 
         ex = RayExecutor(cfg)
-        train_prompts, _ = keep_valid_prompts(train_prompts, ex.check_prompt)
-        eval_prompts, _ = keep_valid_prompts(eval_prompts, ex.check_prompt)
+        train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))
+        eval_prompts, _ = keep_valid_prompts(eval_prompts, batched_check(ex, eval_prompts))
     stream = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)
     try:
         return driver.train(
@@ -117,6 +120,17 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
         )
     finally:
         ex.shutdown()
+
+
+def batched_check(ex: Any, prompts: list[str]) -> Any:
+    """A per-prompt check for ``keep_valid_prompts`` answered from one batched actor call."""
+    reasons = dict(zip(prompts, ex.check_prompts(prompts)))
+
+    def check(prompt: str) -> None:
+        if reasons[prompt] is not None:
+            raise ValueError(reasons[prompt])
+
+    return check
 
 
 def control(args: argparse.Namespace) -> int:

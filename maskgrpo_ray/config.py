@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from maskgrpo_ray.models.registry import entry_for
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,15 +69,40 @@ class ShowoModelConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """The policy: which masked image model, and its own settings."""
+    """The policy: which registered masked image model, and its own settings."""
 
-    kind: Literal["toy", "showo"] = Field("toy", description="which model: 'toy' or 'showo'")
+    kind: str = Field(
+        "toy",
+        description="registered model kind: 'toy', 'showo', or one registered by model.plugins",
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "modules (names, or .py file paths) imported in the driver and every actor before "
+            "model.kind is looked up, so that they register their kinds (see docs/models.md)"
+        ),
+    )
     toy: ToyModelConfig = Field(
         ToyModelConfig(), description="settings of the toy model (kind 'toy')"
     )
     showo: ShowoModelConfig = Field(
         ShowoModelConfig(), description="settings of Show-o (kind 'showo')"
     )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "settings of a plugin kind without a section here, validated by its registered "
+            "config_section when it has one"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _registered(self) -> ModelConfig:
+        section = entry_for(self).config_section  # imports model.plugins; unknown kinds fail
+        own = {f.annotation for f in type(self).model_fields.values()}
+        if section is not None and section not in own:
+            section.model_validate(self.args)  # a plugin kind's settings live in model.args
+        return self
 
 
 class RolloutConfig(_Strict):
@@ -306,7 +333,9 @@ class Config(_Strict):
     """The whole run: one section per role."""
 
     run: RunConfig = Field(RunConfig(), description="backend and bookkeeping")
-    model: ModelConfig = Field(ModelConfig(), description="the policy")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="the policy"
+    )  # a factory: validating a kind imports its module, which imports this one
     data: DataConfig = Field(DataConfig(), description="prompts")
     rollout: RolloutConfig = Field(RolloutConfig(), description="sampling")
     reward: RewardConfig = Field(RewardConfig(), description="scoring")
@@ -327,19 +356,9 @@ class Config(_Strict):
                 f"[1, rollout.unmasking_steps={steps}] (how many unmasking steps to train); set "
                 "it, or use unmasking_step_selection 'all'"
             )
-        if self.model.kind == "toy" and steps > self.model.toy.grid**2:
-            raise ValueError(
-                f"rollout.unmasking_steps={steps} exceeds the toy image's "
-                f"{self.model.toy.grid**2} tokens: every step must commit at least one token; "
-                "lower rollout.unmasking_steps"
-            )
-        if self.model.kind == "showo" and not (
-            self.model.showo.tiny_random or self.model.showo.showo_path
-        ):
-            raise ValueError(
-                "model.kind='showo' needs model.showo.showo_path (a local folder or HF cache id) "
-                "or model.showo.tiny_random=true"
-            )
+        check = entry_for(self.model).check
+        if check is not None:
+            check(self)  # the model kind's own cross-field rules
         return self
 
 

@@ -1,4 +1,4 @@
-"""Prompts: loading (built-in toy grammar, .txt, .json, .jsonl) and a resumable prompt stream."""
+"""Prompts: loading (a registered prompt set, .txt, .json, .jsonl) and a resumable prompt stream."""
 
 from __future__ import annotations
 
@@ -10,24 +10,25 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray import toyworld
+from maskgrpo_ray.models.registry import get_prompt_set
 
 log = logging.getLogger(__name__)
 
 
 def load_prompts(spec: str, split: str = "train") -> list[str]:
-    """``"toy"``: the toy grammar's train or held-out eval split; else a file of prompts.
+    """A registered prompt set's ``split`` (``"toy"``: the toy grammar's train or held-out eval
+    split; see ``models.registry.register_prompt_set``), else a file of prompts.
 
     Files: ``.txt`` one prompt a line; ``.json`` a list of strings or of objects with a
     ``"prompt"`` or ``"caption"`` key (the official release's format); ``.jsonl`` one such
     object or string a line. Blank prompts are skipped.
     """
-    if spec == "toy":
-        train, held_out = toyworld.split_captions()
-        return [c.text for c in (train if split == "train" else held_out)]
+    prompt_set = get_prompt_set(spec)
+    if prompt_set is not None:
+        return prompt_set(split)
     path = Path(spec)
     if not path.exists():
-        raise FileNotFoundError(f"data.prompts={spec!r}: no such file (or use 'toy')")
+        raise FileNotFoundError(f"data.prompts={spec!r}: no such file (or a registered prompt set)")
     if path.suffix == ".txt":
         items: list[Any] = path.read_text().splitlines()
     elif path.suffix == ".json":

@@ -6,7 +6,6 @@ one per actor method. Nothing here imports ray.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss, select_train_steps
+from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss
 from maskgrpo_ray.algo.sampling import replay_states, rollout
 from maskgrpo_ray.algo.transition import step_log_prob
 from maskgrpo_ray.models.base import MaskedImagePolicy
@@ -57,6 +56,8 @@ def generate(
         kind=transition,
         remask_likelihood=remask_likelihood,
         generator=generator,
+        mask_schedule=policy.mask_schedule,  # the model's own schedules (Show-o's by default)
+        gumbel_anneal=policy.gumbel_anneal,
     )
     images = policy.decode_images(traj.final_tokens)
     return RolloutBatch(
@@ -363,58 +364,6 @@ def accumulate_gradients(
     return sums
 
 
-def local_update(
-    policy: MaskedImagePolicy,
-    optimizer: torch.optim.Optimizer,
-    batch: TrainBatch,
-    *,
-    num_steps: int,
-    step_selection: str,
-    steps_trained: int,
-    micro_batch: int,
-    clip_low: float,
-    clip_high: float,
-    grad_clip_norm: float,
-    updates_per_batch: int,
-    kl_coef: float,
-    ref_policy: MaskedImagePolicy | None,
-    generator: torch.Generator | None,
-    guards: LossGuards | None = None,
-) -> dict[str, float]:
-    """One or more optimizer passes over a train batch (single process).
-
-    The returned metrics are the last pass's, except the ``abs_log_ratio_*`` spread, which is
-    the first pass's (the behaviour policy against the learner before this batch's updates:
-    rounding differences between the rollout's and the learner's forwards show up there).
-    """
-    policy.train()
-    metrics: dict[str, float] = {}
-    first: dict[str, float] = {}
-    train_steps = select_train_steps(num_steps, step_selection, steps_trained, generator)
-    for i in range(updates_per_batch):
-        optimizer.zero_grad(set_to_none=True)
-        metrics = accumulate_gradients(
-            policy,
-            batch,
-            train_steps=train_steps,
-            micro_batch=micro_batch,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            kl_coef=kl_coef,
-            ref_policy=ref_policy,
-            guards=guards,
-        )
-        if i == 0:
-            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
-        if grad_clip_norm > 0:
-            metrics["grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip_norm)
-            )
-        optimizer.step()
-    policy.eval()
-    return {**metrics, **first}
-
-
 @torch.no_grad()
 def evaluate(
     policy: MaskedImagePolicy,
@@ -457,7 +406,3 @@ def evaluate(
         a = torch.cat(accs)
         out["eval_accuracy"] = float(a[torch.isfinite(a)].mean())
     return out
-
-
-def nan_to_none(d: dict[str, float]) -> dict[str, float | None]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}

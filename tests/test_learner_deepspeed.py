@@ -15,16 +15,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from maskgrpo_ray.build import (
-    build_optimizer,
-    build_policy,
-    build_reward_from_config,
-    learning_rate_at,
-)
+from maskgrpo_ray.build import build_policy, build_reward_from_settings
 from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.local import update_settings
-from maskgrpo_ray.phases import generate, local_update, make_train_batch, score
+from maskgrpo_ray.learner_core import (
+    TorchOptimizing,
+    UpdatePlanner,
+    apply_update,
+    build_optimizer,
+)
+from maskgrpo_ray.phases import generate, make_train_batch, score
+from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import TrainBatch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -51,7 +52,7 @@ def toy_batch(cfg: Config) -> TrainBatch:
     72 (sample, step) pairs: rank 0 holds groups 0 and 2 (48 pairs, 3 micro-batches of 20),
     rank 1 group 1 (24 pairs, 2 micro-batches), so rank 1 pads one zero-loss backward.
     """
-    policy = build_policy(cfg)
+    policy = build_policy(cfg.model)
     r = cfg.rollout
     prompts = load_prompts("toy")[:3]
     rb = generate(
@@ -68,7 +69,7 @@ def toy_batch(cfg: Config) -> TrainBatch:
         generator=torch.Generator().manual_seed(3),
     )
     tb = make_train_batch(
-        score(build_reward_from_config(cfg), rb),
+        score(build_reward_from_settings(settings_from_config(cfg).reward), rb),
         torch.ones(3, dtype=torch.bool),
         cfg.train.advantage_eps,
     )
@@ -77,16 +78,12 @@ def toy_batch(cfg: Config) -> TrainBatch:
 
 
 def local_reference(cfg: Config, batch: TrainBatch, updates: int):
-    policy = build_policy(cfg)
-    opt = build_optimizer(cfg, policy)
-    gen = torch.Generator().manual_seed(cfg.run.seed + 1)
-    metrics = []
-    for i in range(updates):  # as LocalExecutor.update: the warm-up learning rate first
-        for group in opt.param_groups:
-            group["lr"] = learning_rate_at(cfg, i)
-        metrics.append(
-            local_update(policy, opt, batch, ref_policy=None, generator=gen, **update_settings(cfg))
-        )
+    # exactly what LocalExecutor.update runs: the one update path, in this process
+    s = settings_from_config(cfg).update
+    policy = build_policy(cfg.model)
+    opt = TorchOptimizing(policy, build_optimizer(s, policy), s.grad_clip_norm)
+    planner = UpdatePlanner(s)
+    metrics = [apply_update(opt, batch, planner.plan(i), s) for i in range(updates)]
     state = {n: p.detach().clone() for n, p in policy.named_parameters()}
     return state, metrics
 
@@ -100,7 +97,7 @@ def test_world2_update_equals_single_process_update(ray_cluster):
     cfg = small_cfg()
     batch = toy_batch(cfg)
     ref_state, ref_metrics = local_reference(cfg, batch, updates=2)
-    group = LearnerGroup(cfg, timeout_s=300)
+    group = LearnerGroup(settings_from_config(cfg), timeout_s=300)
     try:
         got = [group.update(batch) for _ in range(2)]
         states = group.all_ranks_state()

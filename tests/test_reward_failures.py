@@ -190,7 +190,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
         "shape_on": batches[2][1],
         "inf_on": batches[3][2],
     }
-    policy = build_policy(cfg)
+    policy = build_policy(cfg.model)
     ex = LocalExecutor(cfg, policy, faulty_reward(**poison), None)
     trained: list[torch.Tensor] = []
     real_update = ex.update
@@ -238,6 +238,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
 @pytest.mark.timeout(300)
 def test_reward_actor_reports_the_same_counts(ray_cluster):
     from actors.reward import RemoteRewardActor
+    from maskgrpo_ray.settings import settings_from_config
 
     torch.manual_seed(0)
     policy = ToyPolicy(ToyModelSpec(grid=4, d_model=32, layers=1)).eval()
@@ -252,7 +253,8 @@ def test_reward_actor_reports_the_same_counts(ray_cluster):
     reward = faulty_reward(**poison)
     local = score(reward, rb)
     cfg = load_config(TOY, ["reward.num_cpus_per_actor=0.25"])
-    actor = RemoteRewardActor.options(num_cpus=0.25).remote(cfg, 0, reward)
+    settings = settings_from_config(cfg).reward
+    actor = RemoteRewardActor.options(num_cpus=0.25).remote(settings, 0.0, 0, reward)
     try:
         remote = [ray.get(actor.score.remote(rb), timeout=120) for _ in range(2)]
         stats = ray.get(actor.stats.remote(), timeout=60)

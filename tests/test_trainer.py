@@ -10,15 +10,15 @@ import torch
 from maskgrpo_ray.algo.grpo import select_train_steps
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.local import update_settings
+from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlan, apply_update
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.phases import (
     accumulate_gradients,
     generate,
-    local_update,
     pair_log_probs,
     train_pairs,
 )
+from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import TrainBatch
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
@@ -109,15 +109,9 @@ def test_update_moves_logp_of_positive_advantage_up():
     samples, steps = train_pairs(batch, torch.arange(5))
     with torch.no_grad():
         before = pair_log_probs(policy, batch, samples, steps)
-    opt = torch.optim.SGD(policy.parameters(), lr=1e-3)
-    local_update(
-        policy,
-        opt,
-        batch,
-        ref_policy=None,
-        generator=None,
-        **{**update_settings(cfg), "num_steps": 5},
-    )
+    opt = TorchOptimizing(policy, torch.optim.SGD(policy.parameters(), lr=1e-3), 0.0)
+    plan = UpdatePlan(train_steps=torch.arange(5), learning_rate=1e-3)
+    apply_update(opt, batch, plan, settings_from_config(cfg).update)
     with torch.no_grad():
         after = pair_log_probs(policy, batch, samples, steps)
     adv = batch.advantages[samples]

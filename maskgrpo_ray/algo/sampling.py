@@ -3,7 +3,8 @@
 One step at state ``Y_t``: sample a token at every masked position from
 ``softmax(logits / temperature)``, score each by ``log p(x_i) + tau_t * Gumbel`` (``tau`` anneals
 by compounding, ``tau <- tau * (1 - (t+1)/S)``), re-mask the ``m_t`` lowest and commit the rest.
-Already-committed positions are never re-masked. The random draws happen in the reference's
+Already-committed positions are never re-masked. The mask schedule (``m_t``) and the anneal are
+arguments, Show-o's by default, so that a model can bring its own. The random draws happen in the reference's
 order (one ``multinomial`` over ``[N*L, V]``, then one ``uniform_`` over ``[N, L]``), so with the
 same generator and logits the sampler reproduces Show-o's ``t2i_generate`` exactly.
 
@@ -19,7 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from maskgrpo_ray.algo.schedule import num_masked_after_step
+from maskgrpo_ray.algo.schedule import (
+    GumbelAnneal,
+    MaskSchedule,
+    compounding_anneal,
+    num_masked_after_step,
+)
 from maskgrpo_ray.algo.transition import step_log_prob
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # tokens [N, L] (mask = V) -> [N, L, V]
@@ -89,6 +95,8 @@ def unmask_step(
     *,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    mask_schedule: MaskSchedule = num_masked_after_step,
+    gumbel_anneal: GumbelAnneal = compounding_anneal,
 ) -> StepOutcome:
     """Advance ``Y_t -> Y_{t+1}``.
 
@@ -97,9 +105,12 @@ def unmask_step(
         tokens: long ``[N, L]``, the state ``Y_t`` with masked positions equal to ``V``.
         step: ``t`` (0-based); ``num_steps``: ``S``.
         tau: the previous step's Gumbel temperature (``tau_0`` before step 0); this step uses
-            ``tau * (1 - (t+1)/S)`` (Show-o's compounding anneal).
+            ``gumbel_anneal(tau, t, S)`` (default Show-o's ``tau * (1 - (t+1)/S)``).
         temperature: sampling temperature applied to the logits.
         generator: torch generator on the logits' device for the multinomial and Gumbel draws.
+        mask_schedule: ``m_t = mask_schedule(t, S, L, masked before)``, positions left masked
+            (default Show-o's cosine schedule); at ``t = S - 1`` everything is committed.
+        gumbel_anneal: ``(tau_{t-1}, t, S) -> tau_t`` (default Show-o's compounding anneal).
     """
     n, length, vocab = logits.shape
     check_generator_device(generator, logits.device)
@@ -109,12 +120,12 @@ def unmask_step(
     sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
     conf = probs.gather(-1, sampled.clamp(max=vocab - 1).unsqueeze(-1)).squeeze(-1)  # [N, L]
     conf = torch.where(masked, conf, torch.full_like(conf, torch.finfo(torch.float32).max))
-    tau = tau * (1.0 - (step + 1) / num_steps)
+    tau = gumbel_anneal(tau, step, num_steps)
     noise = gumbel_noise((n, length), generator, logits.device)
     score = torch.log(conf.clamp(min=1e-20)) + tau * noise  # [N, L]
     num_masked = masked.sum(-1)  # [N]
     keep_masked = torch.tensor(
-        [num_masked_after_step(step, num_steps, length, int(c)) for c in num_masked.tolist()],
+        [mask_schedule(step, num_steps, length, int(c)) for c in num_masked.tolist()],
         device=logits.device,
     )  # [N], m_t per row
     if step >= num_steps - 1:
@@ -141,6 +152,8 @@ def rollout(
     kind: str = "p1",
     remask_likelihood: str = "marginal",
     generator: torch.Generator | None = None,
+    mask_schedule: MaskSchedule = num_masked_after_step,
+    gumbel_anneal: GumbelAnneal = compounding_anneal,
 ) -> Trajectory:
     """Run ``S`` unmasking steps from ``initial_tokens`` and record the trajectory.
 
@@ -154,6 +167,8 @@ def rollout(
             noise (its ``tau_t`` is recorded in ``likelihood_tau``); ``"eq14"``: Eq. 14 as
             printed, blind to the noise (``likelihood_tau`` all 0).
         generator: torch generator for reproducible draws.
+        mask_schedule, gumbel_anneal: the model's schedules (see :func:`unmask_step`; Show-o's
+            by default); ``likelihood_tau`` records the tau the anneal gave each step.
 
     Returns:
         The :class:`Trajectory`; ``old_logp[:, t]`` is the log-probability of step ``t`` under
@@ -171,7 +186,15 @@ def rollout(
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
         out = unmask_step(
-            logits, tokens, t, num_steps, tau, temperature=temperature, generator=generator
+            logits,
+            tokens,
+            t,
+            num_steps,
+            tau,
+            temperature=temperature,
+            generator=generator,
+            mask_schedule=mask_schedule,
+            gumbel_anneal=gumbel_anneal,
         )
         tau = out.tau
         lik_tau.append(out.tau if remask_likelihood == "marginal" else 0.0)

@@ -1,16 +1,26 @@
-"""Show-o's mask schedule: how many image tokens stay masked after each unmasking step.
+"""Show-o's schedules: how many image tokens stay masked after each unmasking step, and how
+the Gumbel temperature of the remasking noise anneals.
 
 At step ``t`` of ``S`` (0-based) Show-o keeps ``floor(L * cos(pi/2 * (t+1)/S))`` tokens masked,
 clamped so that at least one token is committed and at least one stays masked, and at the last
 step everything is committed (DESIGN.md section 3, rule 4). The cosine is evaluated on a float32
-tensor exactly as the reference does, so floors agree with it bit for bit.
+tensor exactly as the reference does, so floors agree with it bit for bit. The sampler takes
+both as arguments (:data:`MaskSchedule`, :data:`GumbelAnneal`) so that a model can bring its own;
+these are the defaults.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+
+MaskSchedule = Callable[[int, int, int, int], int]
+"""``(step t, num_steps S, num_tokens L, num_masked before) -> m_t``, masked after the step."""
+
+GumbelAnneal = Callable[[float, int, int], float]
+"""``(tau_{t-1}, step t, num_steps S) -> tau_t``, the Gumbel temperature step ``t`` uses."""
 
 
 def cosine_mask_ratio(step: int, num_steps: int) -> float:
@@ -49,3 +59,9 @@ def tokens_per_step(num_tokens: int, num_steps: int) -> list[int]:
         out.append(masked - after)
         masked = after
     return out
+
+
+def compounding_anneal(tau: float, step: int, num_steps: int) -> float:
+    """Show-o's Gumbel anneal ``tau_t = tau_{t-1} * (1 - (t+1)/S)`` (it compounds: ``tau_{-1}``
+    is ``tau_0`` and every step multiplies the previous step's temperature)."""
+    return tau * (1.0 - (step + 1) / num_steps)

@@ -11,6 +11,11 @@ that rows stack). ``conditioned`` binds a batch of conditions (and the guidance 
 returns a :data:`LogitsFn` that maps image states to codebook logits; the pure algorithms in
 ``maskgrpo_ray.algo`` only ever see that function. Binding first lets a model reuse work that
 depends on the text alone (Show-o's text-prefix keys and values) across all unmasking steps.
+
+A policy also carries its sampler's schedules: ``mask_schedule`` (how many positions stay masked
+after each unmasking step) and ``gumbel_anneal`` (the remasking noise's temperature per step),
+Show-o's by default; :func:`maskgrpo_ray.phases.generate` passes them to the sampler. A model
+with other schedules overrides them (``mask_schedule = staticmethod(my_schedule)``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+
+from maskgrpo_ray.algo.schedule import (
+    GumbelAnneal,
+    MaskSchedule,
+    compounding_anneal,
+    num_masked_after_step,
+)
 
 # image tokens [N, L] (masked = V) -> codebook logits [N, L, V], float32
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -42,6 +54,8 @@ class MaskedImagePolicy(nn.Module, ABC):
     codebook_size: int  # V
     num_image_tokens: int  # L
     image_grid: tuple[int, int]  # (h, w) with h * w == L, row-major
+    mask_schedule: MaskSchedule = staticmethod(num_masked_after_step)  # Show-o's cosine m_t
+    gumbel_anneal: GumbelAnneal = staticmethod(compounding_anneal)  # Show-o's compounding tau_t
 
     @property
     def mask_index(self) -> int:

@@ -20,13 +20,15 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import nn
 
+from maskgrpo_ray.config import ShowoModelConfig
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.magvit import CoderConfig, MagvitConfig, MAGVITv2, pixels_to_uint8
+from maskgrpo_ray.models.registry import ModelEntry, register_model
 from maskgrpo_ray.models.showo_loading import (
     ShowoFolderConfig,
     load_magvit,
@@ -47,6 +49,9 @@ from maskgrpo_ray.models.showo_prompting import (
     t2i_text_prefix,
     t2i_text_prefixes,
 )
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.config import Config, ModelConfig
 
 log = logging.getLogger(__name__)
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -414,3 +419,19 @@ def policy_from_config(
         max_text_len=settings.max_text_tokens,
     )
     return policy
+
+
+def _build(model: ModelConfig, device: torch.device) -> ShowoPolicy:
+    return policy_from_config(model.showo, device=device)
+
+
+def _check(cfg: Config) -> None:
+    s = cfg.model.showo
+    if not (s.tiny_random or s.showo_path):
+        raise ValueError(
+            "model.kind='showo' needs model.showo.showo_path (a local folder or HF cache id) "
+            "or model.showo.tiny_random=true"
+        )
+
+
+register_model("showo", ModelEntry(build=_build, config_section=ShowoModelConfig, check=_check))

@@ -19,13 +19,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from maskgrpo_ray import toyworld
+from maskgrpo_ray.config import ToyModelConfig
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
+from maskgrpo_ray.models.registry import ModelEntry, register_model, register_prompt_set
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.config import Config, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -206,3 +212,58 @@ def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
     torch.save(model.state_dict(), tmp)
     os.replace(tmp, path)  # atomic: concurrent builders never see a partial file
     return model
+
+
+def spec_from_config(t: ToyModelConfig) -> ToyModelSpec:
+    """The ``model.toy`` config section as a :class:`ToyModelSpec`."""
+    return ToyModelSpec(
+        grid=t.grid,
+        cell_px=t.cell_px,
+        d_model=t.d_model,
+        layers=t.layers,
+        heads=t.heads,
+        pretrain_steps=t.pretrain_steps,
+        pretrain_batch=t.pretrain_batch,
+        pretrain_lr=t.pretrain_lr,
+        noise_prob=t.noise_prob,
+    )
+
+
+def _build(model: ModelConfig, device: torch.device) -> ToyPolicy:
+    return load_or_pretrain(spec_from_config(model.toy)).to(device)
+
+
+def _prepare(model: ModelConfig) -> None:
+    load_or_pretrain(spec_from_config(model.toy))  # cached: actors load it, none pre-trains
+
+
+def _check(cfg: Config) -> None:
+    steps, tokens = cfg.rollout.unmasking_steps, cfg.model.toy.grid**2
+    if steps > tokens:
+        raise ValueError(
+            f"rollout.unmasking_steps={steps} exceeds the toy image's {tokens} tokens: every "
+            "step must commit at least one token; lower rollout.unmasking_steps"
+        )
+
+
+def _reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, int]:
+    return {"grid": model.toy.grid} if reward_kind == "toy_rules" else {}  # the image's grid
+
+
+def toy_prompts(split: str) -> list[str]:
+    """The toy grammar's captions: the train split, or the held-out eval split."""
+    train, held_out = toyworld.split_captions()
+    return [c.text for c in (train if split == "train" else held_out)]
+
+
+register_model(
+    "toy",
+    ModelEntry(
+        build=_build,
+        config_section=ToyModelConfig,
+        check=_check,
+        prepare=_prepare,
+        reward_defaults=_reward_defaults,
+    ),
+)
+register_prompt_set("toy", toy_prompts)

@@ -1,0 +1,198 @@
+"""The one update code path: planning an update and applying it.
+
+The single-process trainer (``local.py``) and every DeepSpeed rank (``learner/worker.py``) run
+:func:`apply_update`; they differ only in the :class:`Optimizing` backend (plain torch, or a
+DeepSpeed engine that averages gradients across ranks). What is trained in an update (the
+unmasking steps and the learning rate) is decided once by an :class:`UpdatePlanner`, in the
+single-process trainer or in the learner group's driver-side front, and is the same on every
+rank.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from maskgrpo_ray.algo.grpo import select_train_steps
+from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.phases import accumulate_gradients
+from maskgrpo_ray.settings import UpdateSettings
+from maskgrpo_ray.types import TrainBatch
+
+
+def learning_rate_at(s: UpdateSettings, update: int) -> float:
+    """Learning rate of the ``update``-th optimizer update (0-based): linear warm-up, then flat."""
+    if s.warmup_updates and update < s.warmup_updates:
+        return s.learning_rate * (update + 1) / s.warmup_updates
+    return s.learning_rate
+
+
+def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW; 1-D parameters and biases get no weight decay (as the official release)."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for p in policy.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 else decay).append(p)
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": s.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=s.learning_rate,
+        betas=s.adam_betas,
+    )
+
+
+def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImagePolicy | None:
+    """A frozen copy of the base policy for the KL term, or None when ``kl_coef`` is 0."""
+    if s.kl_coef <= 0:
+        return None
+    return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What one update trains: the same on every rank."""
+
+    train_steps: torch.Tensor  # [K] long, unmasking steps trained (computational reduction)
+    learning_rate: float
+
+
+class UpdatePlanner:
+    """Plans updates: the learning-rate schedule and the step-selection stream (seed + 1)."""
+
+    def __init__(self, s: UpdateSettings) -> None:
+        self.settings = s
+        self.generator = torch.Generator().manual_seed(s.seed + 1)
+
+    def plan(self, update: int) -> UpdatePlan:
+        s = self.settings
+        steps = select_train_steps(s.num_steps, s.step_selection, s.steps_trained, self.generator)
+        return UpdatePlan(steps, learning_rate_at(s, update))
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def load_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+class Optimizing(Protocol):
+    """What differs between the single process and a DeepSpeed rank."""
+
+    module: MaskedImagePolicy
+
+    def set_learning_rate(self, lr: float) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def pad_backward(self) -> None:
+        """A zero-loss backward (ranks with fewer micro-batches keep collectives in step)."""
+
+    def step(self) -> float | None:
+        """Clip (``grad_clip_norm``), take the optimizer step; the pre-clip gradient norm."""
+
+
+class TorchOptimizing:
+    """The single-process backend: ``loss.backward()`` and a torch optimizer."""
+
+    def __init__(
+        self, module: MaskedImagePolicy, optimizer: torch.optim.Optimizer, grad_clip_norm: float
+    ) -> None:
+        self.module, self.optimizer, self.grad_clip_norm = module, optimizer, grad_clip_norm
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def pad_backward(self) -> None:
+        pass  # one process: nothing to keep in step
+
+    def step(self) -> float | None:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = grad_norm_and_clip(params, self.grad_clip_norm)
+        self.optimizer.step()
+        return norm
+
+
+def grad_norm_and_clip(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """The total gradient norm before clipping; clips to ``max_norm`` when it is positive."""
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+
+def apply_update(
+    opt: Optimizing,
+    batch: TrainBatch,
+    plan: UpdatePlan,
+    s: UpdateSettings,
+    *,
+    ref_policy: MaskedImagePolicy | None = None,
+    normalizer: float | None = None,
+    num_backward: int = 0,
+) -> dict[str, Any]:
+    """``updates_per_batch`` optimizer steps on ``batch`` (the clipped GRPO objective).
+
+    Args:
+        opt: the backend (plain torch, or one DeepSpeed rank).
+        batch: this process's groups (a rank's shard).
+        plan: the update's trained unmasking steps and learning rate (same on every rank).
+        s: the update settings.
+        ref_policy: the frozen reference for the KL term (None: no KL).
+        normalizer: pairs of the whole update per rank (``M / W``); None: this batch's pairs.
+        num_backward: backward calls per optimizer step on every rank; this process pads
+            with zero-loss backwards up to it (0: no padding).
+
+    Returns:
+        The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
+        ``abs_log_ratio_*`` spread (the behaviour policy against the learner before this
+        batch's updates) and ``learning_rate``.
+    """
+    opt.set_learning_rate(plan.learning_rate)
+    opt.module.train()
+    metrics: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    calls = [0]
+
+    def backward(loss: torch.Tensor) -> None:
+        calls[0] += 1
+        opt.backward(loss)
+
+    for i in range(s.updates_per_batch):
+        calls[0] = 0
+        opt.zero_grad()
+        metrics = accumulate_gradients(
+            opt.module,
+            batch,
+            train_steps=plan.train_steps,
+            micro_batch=s.micro_batch_pairs,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            kl_coef=s.kl_coef,
+            ref_policy=ref_policy,
+            backward=backward,
+            normalizer=normalizer,
+            guards=s.guards,
+        )
+        for _ in range(num_backward - calls[0]):
+            opt.pad_backward()
+        if i == 0:
+            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
+        norm = opt.step()
+        if norm is not None:
+            metrics["grad_norm"] = float(norm)
+    opt.module.eval()
+    return {**metrics, **first, "learning_rate": plan.learning_rate}

@@ -1,0 +1,169 @@
+"""Model kinds by name: ``model.kind`` is looked up here, never branched on.
+
+A kind is one :class:`ModelEntry` registered with :func:`register_model` by the module that
+implements it (its schedule, prompting and loading stay behind :class:`MaskedImagePolicy`).
+The built-in kinds register on first use (their modules are imported lazily: Show-o's is
+large). Any other kind lives in a module named in ``model.plugins``: :func:`load_plugins`
+imports those modules (or ``.py`` files), in every process that validates a config or builds a
+policy (the driver, each Ray rollout actor and learner rank), so a kind registered at import
+time is found there.
+
+The registry also holds named built-in prompt sets (``data.prompts``), since a model's world
+can bring its own captions (the toy world's grammar).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from maskgrpo_ray.config import Config, ModelConfig
+    from maskgrpo_ray.models.base import MaskedImagePolicy
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """How to build and check one model kind.
+
+    Attributes:
+        build: ``(model_cfg, device) -> MaskedImagePolicy``; ``model_cfg`` is the whole
+            ``model`` config section (a kind without a section of its own reads ``model.args``).
+        config_section: the pydantic model of the kind's settings. A kind that is not one of the
+            sections of ``ModelConfig`` (``toy``, ``showo``) has ``model.args`` validated by it.
+        check: cross-field rules on the whole :class:`Config`; raises ``ValueError`` whose
+            message names the field, the value and the fix.
+        prepare: run once in the driver before any actor starts (e.g. pre-train and cache the
+            base model so that actors load it instead of each building it).
+        reward_defaults: ``(model_cfg, reward_kind) -> kwargs`` that a reward component of that
+            kind gets unless its ``args`` set them (e.g. the toy rules reward's ``grid``).
+    """
+
+    build: Callable[[ModelConfig, torch.device], MaskedImagePolicy]
+    config_section: type[BaseModel] | None = None
+    check: Callable[[Config], None] | None = None
+    prepare: Callable[[ModelConfig], None] | None = None
+    reward_defaults: Callable[[ModelConfig, str], Mapping[str, Any]] | None = None
+
+
+_MODELS: dict[str, ModelEntry] = {}
+_BUILTIN_MODELS = {"toy": "maskgrpo_ray.models.toy", "showo": "maskgrpo_ray.models.showo"}
+"""Built-in kinds -> the module that registers them when imported."""
+
+PromptSet = Callable[[str], list[str]]  # split ("train" | "eval") -> prompts
+_PROMPT_SETS: dict[str, PromptSet] = {}
+_BUILTIN_PROMPT_SETS = {"toy": "maskgrpo_ray.models.toy"}
+
+HOW_TO_REGISTER = (
+    "a new kind is one module that calls maskgrpo_ray.models.registry.register_model(kind, "
+    "ModelEntry(build=...)) at import time; name that module in model.plugins so that every "
+    "process imports it (docs/models.md)"
+)
+
+
+def register_model(kind: str, entry: ModelEntry) -> None:
+    """Register ``entry`` under ``kind`` (registering the same entry again is a no-op)."""
+    old = _MODELS.get(kind)
+    if old is not None and old != entry:
+        raise ValueError(f"model kind {kind!r} is already registered ({old.build!r})")
+    _MODELS[kind] = entry
+
+
+def model_kinds() -> list[str]:
+    """Every kind that can be built now: built-ins and registered ones, sorted."""
+    return sorted(set(_MODELS) | set(_BUILTIN_MODELS))
+
+
+def load_plugins(modules: Iterable[str]) -> None:
+    """Import each plugin (``model.plugins``) so that it registers its kinds.
+
+    A plugin is a module name (importable in every process: an installed package, or a module
+    under the driver's working directory, which Ray puts on local workers' ``sys.path``) or the
+    path of a ``.py`` file, imported as the module named by its stem (reused when that module is
+    already imported from the same file, e.g. by pytest).
+    """
+    for name in modules:
+        try:
+            if name.endswith(".py"):
+                _import_file(Path(name))
+            else:
+                importlib.import_module(name)
+        except (ImportError, OSError) as err:
+            raise ValueError(
+                f"model.plugins: cannot import {name!r} ({err}); give a module name importable "
+                "in every process (installed, or under the working directory) or a .py file path"
+            ) from err
+
+
+def _import_file(path: Path) -> None:
+    path = path.resolve()
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+        return
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ImportError(f"no Python file at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path.stem]
+        raise
+
+
+def get_model(kind: str, plugins: Iterable[str] = ()) -> ModelEntry:
+    """The entry of ``kind`` after importing ``plugins``; ValueError naming the known kinds."""
+    load_plugins(plugins)
+    if kind not in _MODELS and kind in _BUILTIN_MODELS:
+        importlib.import_module(_BUILTIN_MODELS[kind])
+    if kind not in _MODELS:
+        raise ValueError(
+            f"model.kind={kind!r} is not a registered model kind; registered: "
+            f"{', '.join(model_kinds())}. Use one of them, or register it: {HOW_TO_REGISTER}"
+        )
+    return _MODELS[kind]
+
+
+def entry_for(model: ModelConfig) -> ModelEntry:
+    """The entry of a ``model`` config section (its plugins imported first)."""
+    return get_model(model.kind, model.plugins)
+
+
+def build_model(model: ModelConfig, device: torch.device) -> MaskedImagePolicy:
+    """``model.kind``'s policy on ``device``."""
+    return entry_for(model).build(model, device)
+
+
+def prepare_model(model: ModelConfig) -> None:
+    """Run the kind's one-off preparation (driver side, before actors start); may do nothing."""
+    entry = entry_for(model)
+    if entry.prepare is not None:
+        entry.prepare(model)
+
+
+def reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, Any]:
+    """Keyword defaults the model kind gives a reward component of ``reward_kind``."""
+    entry = entry_for(model)
+    return dict(entry.reward_defaults(model, reward_kind)) if entry.reward_defaults else {}
+
+
+def register_prompt_set(name: str, prompts: PromptSet) -> None:
+    """Register a named prompt set for ``data.prompts`` (``split -> prompts``)."""
+    _PROMPT_SETS[name] = prompts
+
+
+def get_prompt_set(name: str) -> PromptSet | None:
+    """The named prompt set, or None when ``name`` is not one (a file path, then)."""
+    if name not in _PROMPT_SETS and name in _BUILTIN_PROMPT_SETS:
+        importlib.import_module(_BUILTIN_PROMPT_SETS[name])
+    return _PROMPT_SETS.get(name)
