@@ -13,7 +13,7 @@ import torch
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from learner.worker import RemoteLearnerWorker
+from maskgrpo_ray.learner.worker import RemoteLearnerWorker
 from maskgrpo_ray.learner_core import UpdatePlanner
 from maskgrpo_ray.settings import RunSettings
 from maskgrpo_ray.types import TrainBatch

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from learner.group import LearnerGroup
+from maskgrpo_ray.learner.group import LearnerGroup
 
 
 @dataclass

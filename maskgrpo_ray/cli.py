@@ -137,7 +137,7 @@ def control(args: argparse.Namespace) -> int:
     """``maskgrpo scale`` / ``maskgrpo status``: talk to a running job's control actor."""
     import ray
 
-    from actors.control import NAMESPACE, control_name
+    from maskgrpo_ray.actors.control import NAMESPACE, control_name
 
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", namespace=NAMESPACE, log_to_driver=False)

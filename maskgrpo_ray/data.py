@@ -98,9 +98,6 @@ class PromptStream:
         self.position += n
         return [self.prompts[self._index(p)] for p in positions], positions
 
-    def prompt_at(self, position: int) -> str:
-        return self.prompts[self._index(position)]
-
     def state_dict(self) -> dict[str, int]:
         return {"position": self.position}
 

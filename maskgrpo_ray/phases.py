@@ -68,7 +68,6 @@ def generate(
         final_tokens=traj.final_tokens.cpu(),
         unmask_step=traj.unmask_step.cpu(),
         old_logp=traj.old_logp.cpu(),
-        log_theta=traj.log_theta.cpu(),
         sampled=None if traj.sampled is None else traj.sampled.cpu(),
         images=images.cpu(),
         policy_version=policy_version,

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.pool import ActorPool, Member
+from maskgrpo_ray.actors.pool import ActorPool, Member
 from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.types import ScoredBatch
 

@@ -19,16 +19,16 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from actors.control import NAMESPACE as CONTROL_NAMESPACE
-from actors.control import start_control_actor
-from actors.filter import RemoteFilterActor
-from actors.pool import ActorPool
-from actors.reward import RemoteRewardActor
-from actors.rollout import RemoteRolloutActor
-from learner.group import LearnerGroup
-from learner.weight_sync import ObjectStoreSync, WeightSync
+from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
+from maskgrpo_ray.actors.control import start_control_actor
+from maskgrpo_ray.actors.filter import RemoteFilterActor
+from maskgrpo_ray.actors.pool import ActorPool
+from maskgrpo_ray.actors.reward import RemoteRewardActor
+from maskgrpo_ray.actors.rollout import RemoteRolloutActor
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.driver import _merge
+from maskgrpo_ray.learner.group import LearnerGroup
+from maskgrpo_ray.learner.weight_sync import ObjectStoreSync, WeightSync
 from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_chunks import ChunkScheduler, chunk_seed, make_chunks
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect

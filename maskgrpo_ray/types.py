@@ -29,7 +29,6 @@ class RolloutBatch:
     final_tokens: torch.Tensor  # [N, L] long, codebook tokens
     unmask_step: torch.Tensor  # [N, L] long, step that committed each position (-1 = given)
     old_logp: torch.Tensor  # [N, S] float32, transition log-prob under the sampling policy
-    log_theta: torch.Tensor  # [N, S] float32, log threshold theta_t (min committed prob)
     sampled: torch.Tensor | None  # [N, S, L] long, AR-style only
     images: torch.Tensor  # [N, H, W, 3] uint8
     policy_version: int
@@ -60,8 +59,8 @@ class RolloutBatch:
         )
         _check(self.cond_ids.shape[0] == n, "cond_ids must be [N, P]")
         _check(
-            self.old_logp.shape[0] == n and self.log_theta.shape == self.old_logp.shape,
-            "old_logp/log_theta must be [N, S]",
+            self.old_logp.shape[0] == n,
+            "old_logp must be [N, S]",
         )
         _check(
             self.likelihood_tau.shape == (self.old_logp.shape[1],),
@@ -92,7 +91,6 @@ class RolloutBatch:
             final_tokens=self.final_tokens[rows],
             unmask_step=self.unmask_step[rows],
             old_logp=self.old_logp[rows],
-            log_theta=self.log_theta[rows],
             sampled=None if self.sampled is None else self.sampled[rows],
             images=self.images[rows],
         )

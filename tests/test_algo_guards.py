@@ -121,7 +121,7 @@ def test_abs_log_ratio_stats_by_hand():
 
 
 def test_rank_metrics_reduce_max_by_max():
-    from learner.group import reduce_rank_metrics
+    from maskgrpo_ray.learner.group import reduce_rank_metrics
 
     outs = [
         {"loss": 1.0, "abs_log_ratio_max": 0.5, "abs_log_ratio_worst_step": 3.0},

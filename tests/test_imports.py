@@ -40,3 +40,17 @@ def test_algo_import_loads_no_ray_or_deepspeed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_actors_and_learner_install_under_the_package_namespace(tmp_path):
+    # outside the repository (so its folders are not on sys.path) the installed package exposes
+    # maskgrpo_ray.actors / maskgrpo_ray.learner and no top-level `actors` or `learner`
+    code = (
+        "import importlib.util as u, maskgrpo_ray.actors.rollout, maskgrpo_ray.learner.group\n"
+        "print(u.find_spec('actors'), u.find_spec('learner'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None"]

@@ -92,7 +92,7 @@ def local_reference(cfg: Config, batch: TrainBatch, updates: int):
 @pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_world2_update_equals_single_process_update(ray_cluster):
-    from learner.group import LearnerGroup
+    from maskgrpo_ray.learner.group import LearnerGroup
 
     cfg = small_cfg()
     batch = toy_batch(cfg)

@@ -237,7 +237,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
 
 @pytest.mark.timeout(300)
 def test_reward_actor_reports_the_same_counts(ray_cluster):
-    from actors.reward import RemoteRewardActor
+    from maskgrpo_ray.actors.reward import RemoteRewardActor
     from maskgrpo_ray.settings import settings_from_config
 
     torch.manual_seed(0)

@@ -39,7 +39,6 @@ class StepOutcome:
     sampled: torch.Tensor  # [N, L] long, sampled token at every position (known ones kept)
     masked: torch.Tensor  # [N, L] bool, masked before the step
     unmasked: torch.Tensor  # [N, L] bool, newly unmasked U_t
-    log_theta: torch.Tensor  # [N] float, log of the smallest committed probability
     tau: float  # Gumbel temperature used at this step
 
 
@@ -50,7 +49,6 @@ class Trajectory:
     final_tokens: torch.Tensor  # [N, L] long, all positions filled
     unmask_step: torch.Tensor  # [N, L] long, step that committed each position (-1 = given)
     old_logp: torch.Tensor  # [N, S] float32, transition log-prob under the sampling policy
-    log_theta: torch.Tensor  # [N, S] float32, log of the step's threshold theta_t
     sampled: torch.Tensor | None  # [N, S, L] long, sampled tokens per step (AR-style only)
     kind: str  # transition definition of old_logp: "p1" | "p2" | "ar"
     likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t that old_logp integrates (0: Eq. 14)
@@ -135,10 +133,7 @@ def unmask_step(
         remask = masked & (score < cutoff)
     unmasked = masked & ~remask
     next_tokens = torch.where(remask, torch.full_like(sampled, vocab), sampled)
-    log_conf = torch.log(conf.clamp(min=1e-38))
-    big = torch.full_like(log_conf, torch.finfo(torch.float32).max)
-    log_theta = torch.where(unmasked, log_conf, big).amin(-1)  # [N]
-    return StepOutcome(next_tokens, sampled, masked, unmasked, log_theta, tau)
+    return StepOutcome(next_tokens, sampled, masked, unmasked, tau)
 
 
 def rollout(
@@ -181,7 +176,7 @@ def rollout(
         raise ValueError(
             f"remask_likelihood must be 'marginal' or 'eq14', got {remask_likelihood!r}"
         )
-    old_logp, log_theta, sampled_all, lik_tau = [], [], [], []
+    old_logp, sampled_all, lik_tau = [], [], []
     tau = gumbel_temperature
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
@@ -209,7 +204,6 @@ def rollout(
                 gumbel_tau=lik_tau[-1],
             )
         )
-        log_theta.append(out.log_theta)
         if kind == "ar":
             sampled_all.append(torch.where(out.masked, out.sampled, codebook_size))
         commit_step = torch.where(out.unmasked, t, commit_step)
@@ -220,7 +214,6 @@ def rollout(
         final_tokens=tokens,
         unmask_step=commit_step,
         old_logp=torch.stack(old_logp, dim=1).float(),
-        log_theta=torch.stack(log_theta, dim=1).float(),
         sampled=torch.stack(sampled_all, dim=1) if kind == "ar" else None,
         kind=kind,
         likelihood_tau=torch.tensor(lik_tau, dtype=torch.float32),
