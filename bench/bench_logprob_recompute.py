@@ -75,20 +75,7 @@ def main() -> None:
         policy_version=0,
         generator=torch.Generator().manual_seed(0),
     )
-    batch = TrainBatch(
-        group_size=6,
-        cond_ids=rb.cond_ids,
-        final_tokens=rb.final_tokens,
-        unmask_step=rb.unmask_step,
-        old_logp=rb.old_logp,
-        sampled=rb.sampled,
-        advantages=torch.randn(rb.num_samples),
-        transition=rb.transition,
-        guidance_scale=0.0,
-        temperature=1.0,
-        policy_version=0,
-        likelihood_tau=rb.likelihood_tau,
-    )
+    batch = TrainBatch.from_rollout(rb, torch.randn(rb.num_samples))
     steps = torch.arange(args.steps)
 
     def batched() -> None:

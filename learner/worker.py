@@ -32,6 +32,7 @@ from maskgrpo_ray.learner_core import (
     build_optimizer,
     grad_norm_and_clip,
     reference_policy,
+    set_learning_rate,
 )
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.ray_cluster import apply_env_defaults
@@ -77,8 +78,7 @@ class DeepSpeedOptimizing:
         self.module: MaskedImagePolicy = engine.module
 
     def set_learning_rate(self, lr: float) -> None:
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.engine.optimizer, lr)
 
     def zero_grad(self) -> None:
         pass  # engine.step zeroes the gradients it reduced

@@ -239,6 +239,48 @@ def _save(
     log.info("checkpoint %s", path)
 
 
+def _restore(ex: Executor, stream: Any, runlog: RunLog, folder: Path) -> tuple[int, dict, dict]:
+    """Executor, prompt stream and driver counters from a checkpoint: (next step, base, totals)."""
+    state = torch.load(folder / "driver.pt", weights_only=True)
+    ex.load(folder)
+    stream.load_state_dict(state["stream"])
+    start_step = int(state["next_step"])
+    runlog.truncate_from(start_step)
+    log.info("resumed from %s at step %d", folder, start_step)
+    return start_step, dict(state["base"]), dict(state["totals"])
+
+
+def _count(cfg: Config, out: StepOutcome, totals: dict[str, float]) -> None:
+    """Add the step to the run's totals; the row gets the cumulative reward-failure counts
+    (in ``totals``, so a resumed run continues them)."""
+    row = out.row
+    for key, n in reward_failure_metrics(out.reward_failures).items():
+        totals[key] = totals.get(key, 0.0) + n
+    row.update({k: v for k, v in totals.items() if k.startswith("reward_failures/")})
+    totals["samples"] += row["groups_generated"] * cfg.rollout.samples_per_prompt
+    totals["train_seconds"] += row["step_seconds"]
+
+
+def _summary(
+    cfg: Config, ex: Executor, start_step: int, base: dict, final: dict, totals: dict, t0: float
+) -> dict[str, Any]:
+    train_seconds = totals["train_seconds"]
+    return {
+        "backend": cfg.run.backend,
+        "steps": cfg.train.steps,
+        "start_step": start_step,
+        "wall_seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "samples_per_second": totals["samples"] / train_seconds if train_seconds else None,
+        "base_reward": base.get("eval_reward"),
+        "final_reward": final.get("eval_reward"),
+        "base_accuracy": base.get("eval_accuracy"),
+        "final_accuracy": final.get("eval_accuracy"),
+        "eval_samples_per_prompt": cfg.eval.samples_per_prompt,
+        "policy_version": ex.policy_version,
+    }
+
+
 def train(
     cfg: Config,
     ex: Executor,
@@ -258,16 +300,7 @@ def train(
     totals = {"samples": 0.0, "train_seconds": 0.0}
     start_step = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "driver.pt", weights_only=True)
-        ex.load(resume_from)
-        stream.load_state_dict(state["stream"])
-        start_step, base, totals = (
-            int(state["next_step"]),
-            dict(state["base"]),
-            dict(state["totals"]),
-        )
-        runlog.truncate_from(start_step)
-        log.info("resumed from %s at step %d", resume_from, start_step)
+        start_step, base, totals = _restore(ex, stream, runlog, resume_from)
     else:
         base = ex.evaluate(eval_prompts)
         log.info("base model: %s", base)
@@ -276,27 +309,19 @@ def train(
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.train.steps, initial=start_step, desc="maskgrpo", unit="step")
+    last = cfg.train.steps - 1
     for step in range(start_step, cfg.train.steps):
         prompts, positions = stream.take(cfg.train.prompts_per_step)
         out = run_step(ex, cfg, step, prompts, positions)
         row = out.row
-        # cumulative per reward component and kind; in `totals`, so a resumed run continues them
-        for key, n in reward_failure_metrics(out.reward_failures).items():
-            totals[key] = totals.get(key, 0.0) + n
-        row.update({k: v for k, v in totals.items() if k.startswith("reward_failures/")})
-        totals["samples"] += row["groups_generated"] * cfg.rollout.samples_per_prompt
-        totals["train_seconds"] += row["step_seconds"]
+        _count(cfg, out, totals)
         every = cfg.eval.every_steps
-        if every and (step + 1) % every == 0 and step + 1 < cfg.train.steps:
+        if every and (step + 1) % every == 0 and step < last:
             row.update(ex.evaluate(eval_prompts))
         g = cfg.logging.sample_grid_every_steps
-        if g and out.scored is not None and (step % g == 0 or step == cfg.train.steps - 1):
-            runlog.save_sample_grid(
-                out.scored.rollout.images,
-                step,
-                cfg.rollout.samples_per_prompt,
-                out.scored.rollout.prompts,
-            )
+        if g and out.scored is not None and (step % g == 0 or step == last):
+            rb = out.scored.rollout
+            runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
         runlog.log_step(row)
         ck = cfg.run.checkpoint_every_steps
         if ck and (step + 1) % ck == 0:
@@ -313,21 +338,7 @@ def train(
     final = ex.evaluate(eval_prompts)
     log.info("tuned model: %s", final)
     runlog.plot_reward_curve()
-    train_seconds = totals["train_seconds"]
-    summary = {
-        "backend": cfg.run.backend,
-        "steps": cfg.train.steps,
-        "start_step": start_step,
-        "wall_seconds": time.perf_counter() - t_start,
-        "train_seconds": train_seconds,
-        "samples_per_second": totals["samples"] / train_seconds if train_seconds else None,
-        "base_reward": base.get("eval_reward"),
-        "final_reward": final.get("eval_reward"),
-        "base_accuracy": base.get("eval_accuracy"),
-        "final_accuracy": final.get("eval_accuracy"),
-        "eval_prompts": len(eval_prompts),
-        "eval_samples_per_prompt": cfg.eval.samples_per_prompt,
-        "policy_version": ex.policy_version,
-    }
+    summary = _summary(cfg, ex, start_step, base, final, totals, t_start)
+    summary["eval_prompts"] = len(eval_prompts)
     write_json_atomic(run_dir / "summary.json", summary)
     return summary

@@ -108,8 +108,7 @@ class TorchOptimizing:
         self.module, self.optimizer, self.grad_clip_norm = module, optimizer, grad_clip_norm
 
     def set_learning_rate(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -125,6 +124,12 @@ class TorchOptimizing:
         norm = grad_norm_and_clip(params, self.grad_clip_norm)
         self.optimizer.step()
         return norm
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The one place an update's learning rate is set (both backends call it)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def grad_norm_and_clip(params: list[torch.nn.Parameter], max_norm: float) -> float:

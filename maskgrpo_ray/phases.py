@@ -218,20 +218,7 @@ def make_train_batch(scored: ScoredBatch, keep: torch.Tensor, advantage_eps: flo
     """Advantages per group (Eq. 12) for the kept groups."""
     rb = scored.rollout.group_slice(keep)
     rewards = scored.rewards.view(-1, rb.group_size)[keep].view(-1)
-    return TrainBatch(
-        group_size=rb.group_size,
-        cond_ids=rb.cond_ids,
-        final_tokens=rb.final_tokens,
-        unmask_step=rb.unmask_step,
-        old_logp=rb.old_logp,
-        sampled=rb.sampled,
-        advantages=group_advantages(rewards, rb.group_size, advantage_eps),
-        transition=rb.transition,
-        guidance_scale=rb.guidance_scale,
-        temperature=rb.temperature,
-        policy_version=rb.policy_version,
-        likelihood_tau=rb.likelihood_tau,
-    ).validate()
+    return TrainBatch.from_rollout(rb, group_advantages(rewards, rb.group_size, advantage_eps))
 
 
 def pair_log_probs(

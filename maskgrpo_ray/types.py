@@ -160,6 +160,24 @@ class TrainBatch:
     def num_samples(self) -> int:
         return self.final_tokens.shape[0]
 
+    @staticmethod
+    def from_rollout(rb: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
+        """The learner's view of a rollout (every group) with the given advantages ``[N]``."""
+        return TrainBatch(
+            group_size=rb.group_size,
+            cond_ids=rb.cond_ids,
+            final_tokens=rb.final_tokens,
+            unmask_step=rb.unmask_step,
+            old_logp=rb.old_logp,
+            sampled=rb.sampled,
+            advantages=advantages,
+            transition=rb.transition,
+            guidance_scale=rb.guidance_scale,
+            temperature=rb.temperature,
+            policy_version=rb.policy_version,
+            likelihood_tau=rb.likelihood_tau,
+        ).validate()
+
     def validate(self) -> TrainBatch:
         n = self.num_samples
         _check(self.advantages.shape == (n,), f"advantages must be [N={n}]")

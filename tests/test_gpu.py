@@ -37,20 +37,7 @@ def _rollout_and_recompute(policy, transition: str, likelihood: str, steps: int)
         generator=gen,
         remask_likelihood=likelihood,
     )
-    batch = TrainBatch(
-        group_size=4,
-        cond_ids=rb.cond_ids,
-        final_tokens=rb.final_tokens,
-        unmask_step=rb.unmask_step,
-        old_logp=rb.old_logp,
-        sampled=rb.sampled,
-        advantages=torch.zeros(rb.num_samples),
-        transition=transition,
-        guidance_scale=0.0,
-        temperature=1.0,
-        policy_version=0,
-        likelihood_tau=rb.likelihood_tau,
-    )
+    batch = TrainBatch.from_rollout(rb, torch.zeros(rb.num_samples))
     samples, steps_ = train_pairs(batch, torch.arange(steps))
     with torch.no_grad():
         logp = torch.cat(

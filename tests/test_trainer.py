@@ -39,19 +39,8 @@ def _batch(policy, transition, guidance=0.0, temperature=1.0, gumbel=1.0, likeli
         generator=torch.Generator().manual_seed(0),
         remask_likelihood=likelihood,
     )
-    return TrainBatch(
-        group_size=4,
-        cond_ids=rb.cond_ids,
-        final_tokens=rb.final_tokens,
-        unmask_step=rb.unmask_step,
-        old_logp=rb.old_logp,
-        sampled=rb.sampled,
-        advantages=torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(1)),
-        transition=transition,
-        guidance_scale=guidance,
-        temperature=temperature,
-        policy_version=0,
-        likelihood_tau=rb.likelihood_tau,
+    return TrainBatch.from_rollout(
+        rb, torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(1))
     )
 
 
