@@ -70,7 +70,47 @@ def resolve_clip_weights(
     import open_clip
     from open_clip.transform import PreprocessCfg
 
-    how_file = "  - Point `pretrained` at a local open_clip checkpoint (.bin/.pt/.safetensors)."
+    if model_name.startswith(("local-dir:", "hf-hub:")):
+        _check_model_folder(model_name, cache_dir)
+        return {}
+    if pretrained is None:
+        return {"pretrained": None}
+    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
+    if not tag_cfg:
+        if os.path.isfile(pretrained):
+            return {"pretrained": pretrained}
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        raise RewardWeightsMissingError(
+            missing_weights_message(
+                f"CLIP reward {model_name}",
+                pretrained,
+                [os.path.abspath(pretrained), f"open_clip tags of {model_name}: {tags}"],
+                _HOW_FILE + " Or use one of the tags listed.",
+            )
+        )
+    fields = set(PreprocessCfg.__dataclass_fields__)
+    from_tag = {
+        "force_preprocess_cfg": {k: v for k, v in tag_cfg.items() if k in fields},
+        "force_quick_gelu": bool(tag_cfg.get("quick_gelu", False)),
+    }
+    found, candidates, looked, how = _locate_tag_weights(tag_cfg, cache_dir)
+    if found is not None:
+        return {"pretrained": found, **from_tag}
+    if hf_hub_offline():
+        raise RewardWeightsMissingError(
+            missing_weights_message(
+                f"CLIP reward {model_name}/{pretrained}", " or ".join(candidates), looked, how
+            )
+        )
+    return {"pretrained": pretrained}  # not cached, hub allowed: open_clip downloads it
+
+
+_HOW_FILE = "  - Point `pretrained` at a local open_clip checkpoint (.bin/.pt/.safetensors)."
+
+
+def _check_model_folder(model_name: str, cache_dir: str | None) -> None:
+    """``local-dir:FOLDER`` / ``hf-hub:REPO`` models: their open_clip config must be here."""
+    how_file = _HOW_FILE
     if model_name.startswith("local-dir:"):
         folder = model_name.split(":", 1)[1]
         config = os.path.join(folder, "open_clip_config.json")
@@ -78,7 +118,7 @@ def resolve_clip_weights(
             raise RewardWeightsMissingError(
                 missing_weights_message("CLIP reward", "open_clip_config.json", [folder], how_file)
             )
-        return {}
+        return
     if model_name.startswith("hf-hub:"):
         repo_id = model_name.split(":", 1)[1]
         if (
@@ -94,27 +134,14 @@ def resolve_clip_weights(
                     "copy the cache folder (HF_HOME / HF_HUB_CACHE) here.",
                 )
             )
-        return {}
-    if pretrained is None:
-        return {"pretrained": None}
-    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
-    if not tag_cfg:
-        if os.path.isfile(pretrained):
-            return {"pretrained": pretrained}
-        tags = open_clip.list_pretrained_tags_by_model(model_name)
-        raise RewardWeightsMissingError(
-            missing_weights_message(
-                f"CLIP reward {model_name}",
-                pretrained,
-                [os.path.abspath(pretrained), f"open_clip tags of {model_name}: {tags}"],
-                how_file + " Or use one of the tags listed.",
-            )
-        )
-    fields = set(PreprocessCfg.__dataclass_fields__)
-    from_tag = {
-        "force_preprocess_cfg": {k: v for k, v in tag_cfg.items() if k in fields},
-        "force_quick_gelu": bool(tag_cfg.get("quick_gelu", False)),
-    }
+
+
+def _locate_tag_weights(
+    tag_cfg: dict[str, Any], cache_dir: str | None
+) -> tuple[str | None, list[str], list[str], str]:
+    """Where an open_clip tag's weights would be: (found path or None, candidates, places
+    looked, how to provide them)."""
+    how_file = _HOW_FILE
     if tag_cfg.get("file"):
         candidates = [tag_cfg["file"]]
         found = tag_cfg["file"] if os.path.isfile(tag_cfg["file"]) else None
@@ -135,15 +162,7 @@ def resolve_clip_weights(
         found = path if os.path.isfile(path) else None
         candidates, looked = [path], [folder]
         how = f"  - Download {url} to {folder}.\n" + how_file
-    if found is not None:
-        return {"pretrained": found, **from_tag}
-    if hf_hub_offline():
-        raise RewardWeightsMissingError(
-            missing_weights_message(
-                f"CLIP reward {model_name}/{pretrained}", " or ".join(candidates), looked, how
-            )
-        )
-    return {"pretrained": pretrained}  # not cached, hub allowed: open_clip downloads it
+    return found, candidates, looked, how
 
 
 def _token_count(tokenizer: Any, text: str) -> int:
