@@ -190,8 +190,13 @@ def plot(rows: list[dict], runs: list[dict], path: Path, steps: int) -> None:
     ax.set_yticks(ys)
     ax.set_yticklabels([r["variant"] for r in rows])
     ax.set_xlabel(f"held-out accuracy gain after {steps} steps (tuned - base)")
-    ax.set_title("Toy-world ablation: mean and 95% t-interval over seeds (grey: each seed)")
-    ax.legend(loc="lower right", fontsize=8)
+    seeds = len({x["seed"] for x in runs})
+    ax.set_title(
+        f"Toy-world ablation, {seeds} seeds x {steps} steps\n"
+        "mean and 95% t-interval (grey: each seed)",
+        fontsize=10,
+    )
+    ax.legend(loc="lower left", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
