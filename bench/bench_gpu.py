@@ -5,7 +5,7 @@ decoder) with random weights (``random_init_``'s recipe, which gives non-trivial
 transformer in ``--dtype`` (bf16 default), MAGVIT in float32 (as ``load_showo_policy``), at
 256 px (``L = 256``, ``S = 18``, as ``configs/showo_256_clip.yaml``) and 512 px (``L = 1024``,
 ``S = 50``); ``G = 6``, guidance 0, Show-o's sampler (``tau_0 = 1``, compounding anneal),
-transition ``p1``. Sections (each prints a markdown table):
+transition ``p1``: the sampler and the update are ``configs/showo_256_clip.yaml``'s. Sections (each prints a markdown table):
 
 1. **rollout**: images/s of ``phases.generate`` for ``N`` in ``--batch-sizes``, with the cached
    likelihood Eq. 14 (the baseline) and the Gumbel marginal; the MAGVIT decode's share.
@@ -47,34 +47,38 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from maskgrpo_ray.config import load_config
 from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlan, apply_update, build_optimizer
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2
 from maskgrpo_ray.models.showo import ShowoPolicy, build_tiny_random_policy, random_init_
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import HashingWordTokenizer, ShowoVocab
 from maskgrpo_ray.phases import (
-    LossGuards,
     abs_log_ratio_stats,
     generate,
     pair_log_probs,
     train_pairs,
 )
-from maskgrpo_ray.settings import UpdateSettings
+from maskgrpo_ray.settings import UpdateSettings, settings_from_config
 from maskgrpo_ray.types import RolloutBatch, TrainBatch
 
-GROUP_SIZE = 6  # G
+# the sampler and the update of the paper's main setting (G, tau_0, guidance, clip, AdamW, ...)
+CONFIG = settings_from_config(
+    load_config(Path(__file__).parents[1] / "configs/showo_256_clip.yaml")
+)
+GROUP_SIZE = CONFIG.rollout.group_size  # G = 6
 LIKELIHOODS = ("eq14", "marginal")  # the baseline first
 FIDELITY_KINDS = (("p1", "marginal"), ("p1", "eq14"), ("p2", "eq14"))
 # dense bf16 datasheet rates (FLOP/s); the first name that is part of the device's name wins
 PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12))
 PEAK_BF16 += (("A100", 312e12), ("L40S", 362e12))
-BUDGET_S = {"rollout": 190.0, "learner": 130.0}  # the other sections are short
+BUDGET_S = {"rollout": 180.0, "fidelity": 60.0, "learner": 130.0, "weight_sync": 60.0}
 UNITS = {
     "seconds": "s",
     "images_per_s": "img/s",
@@ -246,21 +250,17 @@ def build_policies(args: argparse.Namespace, device: torch.device) -> dict[str, 
 
 
 def rollout(b: Bench, shape: Shape, n: int, lik: str, transition: str = "p1") -> RolloutBatch:
-    """``n / G`` distinct prompts x ``G`` samples through ``phases.generate``."""
+    """``n / G`` distinct prompts x ``G`` samples through ``phases.generate``, with the
+    sampler of ``configs/showo_256_clip.yaml`` at this shape's ``S``."""
     prompts = [f"a photo of object number {i} on a table" for i in range(n // GROUP_SIZE)]
+    kwargs = CONFIG.rollout.kwargs() | {"num_steps": shape.num_steps, "transition": transition}
     return generate(
         b.policies[shape.name],
         prompts,
         list(range(len(prompts))),
-        group_size=GROUP_SIZE,
-        num_steps=shape.num_steps,
-        temperature=1.0,
-        gumbel_temperature=1.0,
-        guidance_scale=0.0,
-        transition=transition,
+        **kwargs | {"remask_likelihood": lik},
         policy_version=0,
         generator=torch.Generator(device=b.device).manual_seed(b.args.seed + n),
-        remask_likelihood=lik,
     )
 
 
@@ -336,10 +336,15 @@ def _ratio_to_eq14(rows: list[dict[str, Any]], key: str) -> None:
 
 def bench_fidelity(b: Bench) -> dict[str, Any]:
     """The rollout's ``old_logp`` vs the learner's recomputation before any update."""
-    rows = []
+    clock = SectionClock(BUDGET_S["fidelity"] * b.args.budget_scale)
+    rows: list[dict[str, Any]] = []
     mb = b.args.fidelity_micro_batch
     for shape in b.shapes():
         for kind, lik in FIDELITY_KINDS:
+            name = f"{kind} {lik}" if kind == "p1" else kind
+            if not clock.fits(0.0):
+                rows.append({"shape": shape.name, "kind": name, "skipped": "time budget"})
+                continue
             b.say(f"fidelity {shape.name} {kind} {lik}")
             if kind == "p1":
                 rb = group_rollout(b, shape, lik)
@@ -357,7 +362,7 @@ def bench_fidelity(b: Bench) -> dict[str, Any]:
             old = batch.old_logp[samples, steps]
             stats = abs_log_ratio_stats((logp - old).abs(), steps)
             rows.append(
-                {"shape": shape.name, "kind": f"{kind} {lik}" if kind == "p1" else kind}
+                {"shape": shape.name, "kind": name}
                 | {"pairs": len(samples), "micro_batch": mb}
                 | {k.removeprefix("abs_log_ratio_"): v for k, v in stats.items()}
                 | {"mean_abs_old_logp": float(old.abs().mean())}
@@ -373,24 +378,9 @@ def bench_fidelity(b: Bench) -> dict[str, Any]:
 
 
 def update_settings(shape: Shape, micro_batch: int) -> UpdateSettings:
-    """The update of ``configs/showo_256_clip.yaml`` (clip 0.1/0.2, AdamW, no KL, no clipping)."""
-    return UpdateSettings(
-        num_steps=shape.num_steps,
-        step_selection="all",  # unused: the benchmark's plan names the steps
-        steps_trained=shape.num_steps,
-        micro_batch_pairs=micro_batch,
-        updates_per_batch=1,
-        clip_low=0.1,
-        clip_high=0.2,
-        kl_coef=0.0,
-        guards=LossGuards(),
-        grad_clip_norm=0.0,
-        learning_rate=3e-6,
-        warmup_updates=0,
-        weight_decay=0.02,
-        adam_betas=(0.9, 0.95),
-        seed=0,
-    )
+    """The update of ``configs/showo_256_clip.yaml`` (clip 0.1/0.2, guards, gradient clip,
+    AdamW) at this shape's ``S``, one optimizer step per batch."""
+    return replace(CONFIG.update, num_steps=shape.num_steps, micro_batch_pairs=micro_batch)
 
 
 def text_prefixes(batch: TrainBatch, plan: UpdatePlan, micro_batch: int) -> int:
@@ -406,7 +396,8 @@ def learner_config(
     """Time ``apply_update`` on ``batch`` at micro-batch ``mb`` (one warm-up update first)."""
     k = min(b.args.learner_steps, shape.num_steps)
     steps = torch.linspace(0, shape.num_steps - 1, k).round().long().unique()
-    plan, settings = UpdatePlan(steps, learning_rate=3e-6), update_settings(shape, mb)
+    plan = UpdatePlan(steps, learning_rate=CONFIG.update.learning_rate)
+    settings = update_settings(shape, mb)
     pairs = batch.num_samples * len(steps)
     _fresh(b.device)
     try:
@@ -503,12 +494,15 @@ def bench_weight_sync(b: Bench) -> dict[str, Any]:
         lambda: {n: p.detach().cpu().clone() for n, p in params if p.requires_grad}, b.device
     )
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
-    b.say(f"weight sync: {nbytes / 1e9:.3f} GB in {len(state)} tensors; starting Ray")
+    b.say(f"weight sync: {nbytes / 1e9:.4g} GB in {len(state)} tensors; starting Ray")
+    clock = SectionClock(BUDGET_S["weight_sync"] * b.args.budget_scale)
     handle = connect(None, num_cpus=4, include_dashboard=False)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         target = ray.remote(num_cpus=1)(SyncTarget).remote()
         for version in range(1, (2 if b.args.smoke else 4) + 1):
+            if rows and not clock.fits(rows[-1]["put_s"] + rows[-1]["fetch_s"]):
+                break
             t0 = time.perf_counter()
             ref = ray.put(state)
             t1 = time.perf_counter()
@@ -524,7 +518,7 @@ def bench_weight_sync(b: Bench) -> dict[str, Any]:
     out = {"bytes": nbytes, "tensors": len(state), "d2h_s": d2h_s, "pushes": rows}
     out |= {k: statistics.median(r[k] for r in steady) for k in ("put_s", "fetch_s", "gb_per_s")}
     print_table(
-        f"weight sync: {nbytes / 1e9:.3f} GB of trained tensors ({b.args.dtype}) through the Ray "
+        f"weight sync: {nbytes / 1e9:.4g} GB of trained tensors ({b.args.dtype}) through the Ray "
         f"object store, one node (GPU->CPU copy before it: {d2h_s:.3f} s)",
         ["version", "put_s", "fetch_s", "gb_per_s"],
         rows,
@@ -549,7 +543,9 @@ def summarize(b: Bench) -> dict[str, Any]:
                 ]
                 row[f"{phase} {lik} ({unit}, best)"] = max(done, default=None)
         fid = {
-            r["kind"]: r["max"] for r in b.results["fidelity"]["rows"] if r["shape"] == shape.name
+            r["kind"]: r.get("max")
+            for r in b.results["fidelity"]["rows"]
+            if r["shape"] == shape.name
         }
         row["max abs log-ratio p1 marginal (nats)"] = fid.get("p1 marginal")
         row["sync (GB/s)"] = b.results["weight_sync"].get("gb_per_s")
@@ -570,7 +566,7 @@ def print_table(title: str, cols: list[str], rows: list[dict[str, Any]]) -> None
     """A markdown table; a skipped configuration keeps its name columns and says why."""
     head = [f"{c} ({UNITS[c]})" if c in UNITS else c for c in cols]
     lines = [f"\n### {title}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(cols)]
-    names = ("shape", "likelihood", "N", "S", "micro_batch", "pairs")
+    names = ("shape", "likelihood", "kind", "N", "S", "micro_batch", "pairs")
     for r in rows:
         cells = [_fmt(r.get(c)) if c in names or "skipped" not in r else "" for c in cols]
         if "skipped" in r:
@@ -632,6 +628,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if want.startswith("cuda") and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device, nothing measured (--smoke checks the script on the CPU)")
         return None
+    if want == "cuda":
+        want = f"cuda:{torch.cuda.current_device()}"
     device = torch.device(want)
     if _cuda(device):
         torch.cuda.set_device(device)
