@@ -1,9 +1,10 @@
 """RewardActor: scores rollouts against their prompts with the configured reward.
 
-A reward component that raises or returns bad values does not stop the run: ``phases.score``
+A reward component that raises or returns bad values does not stop the run: ``phases.score_rewards``
 (the same code as the single-process trainer) makes the lost values NaN, so their groups are
 skipped as invalid by the filter phase, logs them, and counts them per component and kind in
-``ScoredBatch.reward_failures``. This actor mirrors the counts to the Ray metrics.
+``RewardResult.reward_failures``. The actor sends back the scores only (a typed
+``RewardResult``), never the rollout, and mirrors the counts to the Ray metrics.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import time
 import ray
 
 from maskgrpo_ray.build import build_reward_from_settings, resolve_device
-from maskgrpo_ray.phases import merge_reward_failures, reward_failure_metrics, score
+from maskgrpo_ray.phases import merge_reward_failures, reward_failure_metrics, score_rewards
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.rewards.base import Reward
 from maskgrpo_ray.settings import RewardSettings
-from maskgrpo_ray.types import RolloutBatch, ScoredBatch
+from maskgrpo_ray.types import RewardResult, RolloutBatch
 
 
 class RewardActor:
@@ -49,9 +50,10 @@ class RewardActor:
     def ready(self) -> int:
         return self.actor_id
 
-    def score(self, batch: RolloutBatch) -> ScoredBatch:
+    def score(self, batch: RolloutBatch) -> RewardResult:
+        """The rollout's rewards (the rollout itself is not sent back)."""
         t0 = time.perf_counter()
-        scored = score(self.reward, batch)
+        scored = score_rewards(self.reward, batch)
         self.batches += 1
         self.failures = merge_reward_failures(self.failures, scored.reward_failures)
         m = process_metrics()

@@ -22,16 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def micro_batches_per_rank(
-    batch: TrainBatch, world: int, steps_trained: int, micro_batch: int
+    shards: list[TrainBatch], steps_trained: int, micro_batch: int
 ) -> list[int]:
     """Backward calls each rank needs for one optimizer step (its pairs / micro-batch)."""
-    groups = batch.num_samples // batch.group_size
-    out = []
-    for r in range(world):
-        n_groups = len(range(r, groups, world))
-        pairs = n_groups * batch.group_size * steps_trained
-        out.append(math.ceil(pairs / micro_batch))
-    return out
+    return [math.ceil(s.num_samples * steps_trained / micro_batch) for s in shards]
 
 
 def reduce_rank_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
@@ -103,19 +97,23 @@ class LearnerGroup:
         plan = self.planner.plan(self.version)
         k = len(plan.train_steps)
         pairs = batch.num_samples * k
-        per_rank = micro_batches_per_rank(
-            batch, self.world_size, k, self.settings.update.micro_batch_pairs
-        )
-        ref = ray.put(batch)
+        # each rank is sent only its own groups: the shards are cut here, before ray.put
+        shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
+        per_rank = micro_batches_per_rank(shards, k, self.settings.update.micro_batch_pairs)
+        calls = max(max(per_rank), 1)
         outs = ray.get(
             [
-                w.update.remote(ref, plan, pairs / self.world_size, max(max(per_rank), 1))
-                for w in self.workers
+                w.update.remote(ray.put(shard), plan, pairs / self.world_size, calls)
+                for w, shard in zip(self.workers, shards, strict=True)
             ],
             timeout=self.timeout_s,
         )
         self.version += 1
         return reduce_rank_metrics(outs)
+
+    def trained_bytes(self) -> int:
+        """Bytes of the tensors a weight sync sends (counted on rank 0, nothing copied)."""
+        return int(ray.get(self.workers[0].trained_nbytes.remote(), timeout=self.timeout_s))
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to the trained tensors (rank 0's; all ranks under ZeRO-3)."""

@@ -57,9 +57,8 @@ class ObjectStoreSync(WeightSync):
     def push(self, learner: LearnerGroup, targets: list[Any], version: int) -> SyncReport:
         t0 = time.perf_counter()
         ref = learner.weights_ref()
-        if not self._bytes:
-            state = ray.get(ref, timeout=self.timeout_s)
-            self._bytes = sum(v.numel() * v.element_size() for v in state.values())
+        if not self._bytes:  # counted on the learner: the weights never pass the driver
+            self._bytes = learner.trained_bytes()
         acks = {t: t.load_weights.remote(ref, version) for t in targets}
         failed = []
         for t, ack in acks.items():

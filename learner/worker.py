@@ -193,18 +193,17 @@ class LearnerWorker:
         self.hook_norm = grad_norm_and_clip(params, self.update_settings.grad_clip_norm)
 
     def update(
-        self, batch: TrainBatch, plan: UpdatePlan, normalizer: float, num_backward: int
+        self, shard: TrainBatch, plan: UpdatePlan, normalizer: float, num_backward: int
     ) -> dict[str, float]:
-        """``learner_core.apply_update`` on this rank's shard of ``batch``.
+        """``learner_core.apply_update`` on this rank's shard of the update's batch.
 
         Args:
-            batch: the whole update's batch (every rank takes its own groups).
+            shard: this rank's groups (``TrainBatch.shard(rank, world)``, cut by the group).
             plan: the trained unmasking steps and the learning rate (same on every rank).
             normalizer: ``M / W``, pairs of the whole update per rank.
             num_backward: backward calls per optimizer step on every rank (the most any rank
                 needs); this rank pads with zero-loss backwards.
         """
-        shard = batch.shard(self.rank, self.world_size)
         return apply_update(
             self.optimizing,
             shard,
@@ -222,6 +221,13 @@ class LearnerWorker:
     def load(self, folder: str) -> None:
         self.engine.load_checkpoint(folder, tag="learner")
         self.engine.module.eval()
+
+    def trained_nbytes(self) -> int:
+        """Bytes of :meth:`trained_state` (float32 under ZeRO-3, else the parameters' dtype)."""
+        params = [p for p in self.engine.module.parameters() if p.requires_grad]
+        if self.learner.zero_stage == 3:
+            return sum(4 * int(getattr(p, "ds_numel", p.numel())) for p in params)
+        return sum(p.numel() * p.element_size() for p in params)
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The tensors rollout actors need (parameters that train), on the CPU, detached.

@@ -18,7 +18,7 @@ from maskgrpo_ray.algo.sampling import replay_states, rollout
 from maskgrpo_ray.algo.transition import step_log_prob
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
-from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch
+from maskgrpo_ray.types import RewardResult, RolloutBatch, ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ REWARD_FAILURE_KINDS = ("raised", "nonfinite", "bad_shape")
 
 
 def score(reward: Any, batch: RolloutBatch) -> ScoredBatch:
+    """:func:`score_rewards` joined with the rollout (the single-process path)."""
+    return ScoredBatch.join(batch, score_rewards(reward, batch))
+
+
+def score_rewards(reward: Any, batch: RolloutBatch) -> RewardResult:
     """Score a rollout's images, each reward component on its own; a failure never stops the run.
 
     The total is the composite's ``r = sum_k w_k r_k`` (a plain reward is one component, named
@@ -112,7 +117,7 @@ def score(reward: Any, batch: RolloutBatch) -> ScoredBatch:
         acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts)
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
-    return ScoredBatch(batch, total, parts, acc, failures).validate()
+    return RewardResult(total, parts, acc, failures)
 
 
 def _score_component(

@@ -115,7 +115,7 @@ class ChunkScheduler:
                 ch, rollout_ref, ra = rew.pop(ref)
                 load[ra.actor_id] -= 1
                 try:
-                    scored = ray.get(ref)
+                    result = ray.get(ref)
                 except RayActorError:
                     log.warning("reward actor died; re-scoring chunk %d elsewhere", ch.index)
                     self.rewards.drop(ra, kill=False)
@@ -124,7 +124,8 @@ class ChunkScheduler:
                     continue
                 if ch.index in done:
                     raise RuntimeError(f"chunk {ch.index} finished twice")
-                done[ch.index] = scored
+                # the reward actor returns scores only; the rollout comes from the object store
+                done[ch.index] = ScoredBatch.join(ray.get(rollout_ref), result)
         self._gauge(0, 0, 0)
         return done
 

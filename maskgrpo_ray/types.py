@@ -121,6 +121,17 @@ class RolloutBatch:
 
 
 @dataclass(frozen=True)
+class RewardResult:
+    """What a reward actor sends back for a rollout: the scores only, never the rollout."""
+
+    rewards: torch.Tensor  # [N] float32 (weighted total; NaN where a component lost a sample)
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
+    accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
+    # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
+    reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ScoredBatch:
     """A rollout with its rewards; NaN rewards mark failed scores (their groups are skipped)."""
 
@@ -130,6 +141,17 @@ class ScoredBatch:
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
     # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @staticmethod
+    def join(rollout: RolloutBatch, result: RewardResult) -> ScoredBatch:
+        """A rollout and its reward actor's result, checked against each other."""
+        return ScoredBatch(
+            rollout,
+            result.rewards,
+            result.reward_parts,
+            result.accuracy,
+            result.reward_failures,
+        ).validate()
 
     def validate(self) -> ScoredBatch:
         n = self.rollout.num_samples

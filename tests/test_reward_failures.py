@@ -239,6 +239,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
 def test_reward_actor_reports_the_same_counts(ray_cluster):
     from maskgrpo_ray.actors.reward import RemoteRewardActor
     from maskgrpo_ray.settings import settings_from_config
+    from maskgrpo_ray.types import RewardResult
 
     torch.manual_seed(0)
     policy = ToyPolicy(ToyModelSpec(grid=4, d_model=32, layers=1)).eval()
@@ -262,6 +263,7 @@ def test_reward_actor_reports_the_same_counts(ray_cluster):
         ray.kill(actor)
     once = expected_failures(prompts, poison)
     for sb in remote:
+        assert isinstance(sb, RewardResult)  # scores only: the rollout is not sent back
         assert sb.reward_failures == local.reward_failures == once
         torch.testing.assert_close(sb.rewards, local.rewards, equal_nan=True, rtol=0, atol=0)
     expect = {"reward_batches": 2.0}
