@@ -127,6 +127,14 @@ class RolloutConfig(_Strict):
             "at tau = 0); 'eq14' uses Eq. 14 as printed, exact only without noise"
         ),
     )
+    sampler: Literal["showo", "ancestral"] = Field(
+        "showo",
+        description=(
+            "'showo': commit the most confident tokens (Gumbel-perturbed), Show-o's sampler; "
+            "'ancestral': each masked token commits independently with probability "
+            "(k_t - k_s)/k_t (MaskGRPO on MMaDA); with the trajectory estimator only p2 is exact"
+        ),
+    )
     num_actors: int = Field(2, ge=1, description="rollout actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per rollout actor")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout actor")
@@ -143,6 +151,61 @@ class RolloutConfig(_Strict):
                 "more (the paper uses 6)"
             )
         return self
+
+
+class ForwardEstimatorConfig(_Strict):
+    """The forward estimator: score the final tokens re-masked by K seeded masks."""
+
+    mask_draws: int = Field(
+        4, ge=1, description="K, seeded masks per sample (forward passes per sample and update)"
+    )
+    mask_ratio_min: float = Field(
+        0.2, gt=0, le=1, description="smallest share of the image tokens a mask covers"
+    )
+    mask_ratio_max: float = Field(
+        1.0, gt=0, le=1, description="largest share of the image tokens a mask covers"
+    )
+    mask_ratios: Literal["stratified", "uniform", "step_focus"] = Field(
+        "stratified",
+        description=(
+            "'stratified': draw k masks ratio min + (max-min)(k+1)/K (MaskGRPO on MMaDA); "
+            "'uniform': ratios drawn from U(min, max) per sample; 'step_focus': the masked "
+            "counts of the K trajectory steps where the prediction changes most (MaskFocus-style)"
+        ),
+    )
+    reduction: Literal["mean", "sum"] = Field(
+        "mean",
+        description=(
+            "log-prob of a draw: 'mean' or 'sum' over its masked tokens ('sum' moves the ratio "
+            "out of the clip band far sooner at hundreds of tokens)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ForwardEstimatorConfig:
+        if self.mask_ratio_min > self.mask_ratio_max:
+            raise ValueError(
+                f"likelihood.forward.mask_ratio_min={self.mask_ratio_min} exceeds "
+                f"mask_ratio_max={self.mask_ratio_max}: masks cover a share of the tokens in "
+                "[min, max]; swap them or make them equal"
+            )
+        return self
+
+
+class LikelihoodConfig(_Strict):
+    """Which likelihood the objective's ratio uses: the unmasking trajectory or the re-masked
+    final sample (docs/algorithm.md compares them)."""
+
+    estimator: Literal["trajectory", "forward"] = Field(
+        "trajectory",
+        description=(
+            "'trajectory': Mask-GRPO's per-unmasking-step transition (rollout.transition); "
+            "'forward': K seeded re-maskings of the final tokens (likelihood.forward)"
+        ),
+    )
+    forward: ForwardEstimatorConfig = Field(
+        ForwardEstimatorConfig(), description="settings of the forward estimator"
+    )
 
 
 class RewardComponent(_Strict):
@@ -293,6 +356,9 @@ class EvalConfig(_Strict):
         description="eval sampler's Gumbel tau_0 (default: rollout's); fix it to compare runs "
         "trained with different rollout samplers on the same evaluation",
     )
+    sampler: Literal["showo", "ancestral"] | None = Field(
+        None, description="eval sampler (default: rollout.sampler)"
+    )
 
 
 class DataConfig(_Strict):
@@ -338,6 +404,9 @@ class Config(_Strict):
     )  # a factory: validating a kind imports its module, which imports this one
     data: DataConfig = Field(DataConfig(), description="prompts")
     rollout: RolloutConfig = Field(RolloutConfig(), description="sampling")
+    likelihood: LikelihoodConfig = Field(
+        LikelihoodConfig(), description="the likelihood estimator of the objective"
+    )
     reward: RewardConfig = Field(RewardConfig(), description="scoring")
     filter: FilterConfig = Field(FilterConfig(), description="sample filtering")
     train: TrainConfig = Field(TrainConfig(), description="the update")
@@ -355,6 +424,28 @@ class Config(_Strict):
                 f"train.unmasking_step_selection={t.unmasking_step_selection!r}: it must be in "
                 f"[1, rollout.unmasking_steps={steps}] (how many unmasking steps to train); set "
                 "it, or use unmasking_step_selection 'all'"
+            )
+        est, fwd = self.likelihood.estimator, self.likelihood.forward
+        if est == "forward" and t.unmasking_step_selection != "all":
+            raise ValueError(
+                f"train.unmasking_step_selection={t.unmasking_step_selection!r} with "
+                "likelihood.estimator='forward': the forward estimator trains on mask draws, "
+                "not unmasking steps; set unmasking_step_selection 'all' and choose the work per "
+                "sample with likelihood.forward.mask_draws"
+            )
+        if est == "forward" and fwd.mask_ratios == "step_focus" and fwd.mask_draws > steps:
+            raise ValueError(
+                f"likelihood.forward.mask_draws={fwd.mask_draws} with mask_ratios 'step_focus': "
+                f"it picks that many of the rollout.unmasking_steps={steps} steps; lower "
+                "mask_draws or raise unmasking_steps"
+            )
+        ro = self.rollout
+        if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":
+            raise ValueError(
+                f"rollout.sampler='ancestral' with rollout.transition={ro.transition!r}: the "
+                "ancestral sampler commits positions independently of the policy, so only p2 "
+                "(Eq. 15) is its exact transition log-prob; set rollout.transition p2, or "
+                "likelihood.estimator forward"
             )
         check = entry_for(self.model).check
         if check is not None:

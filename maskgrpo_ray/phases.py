@@ -12,10 +12,17 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.algo.estimators import (
+    ForwardSettings,
+    PairQuery,
+    focus_step_counts,
+    forward_query,
+    mask_counts,
+    trajectory_query,
+)
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss
-from maskgrpo_ray.algo.sampling import replay_states, rollout
-from maskgrpo_ray.algo.transition import step_log_prob
+from maskgrpo_ray.algo.sampling import rollout
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.types import RewardResult, RolloutBatch, ScoredBatch, TrainBatch
@@ -38,14 +45,24 @@ def generate(
     policy_version: int,
     generator: torch.Generator | None,
     remask_likelihood: str = "marginal",
+    sampler: str = "showo",
+    forward: ForwardSettings | None = None,
 ) -> RolloutBatch:
-    """Roll out ``G`` samples for each of ``B`` prompts, recording the trajectory."""
+    """Roll out ``G`` samples for each of ``B`` prompts and cache the behaviour log-probs.
+
+    ``forward`` None: the trajectory estimator (record the unmasking steps, ``old_logp [N, S]``
+    of the ``transition``). Otherwise the forward estimator: nothing per step is kept; each
+    sample gets a mask seed (drawn from ``generator``) and ``K`` mask sizes, and ``old_logp
+    [N, K]`` scores the re-masked final tokens under the same weights, through the same
+    :func:`unit_log_probs` the learner and the reference use.
+    """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
     n = cond.shape[0]
     device = cond.device
     init = torch.full(
         (n, policy.num_image_tokens), policy.mask_index, dtype=torch.long, device=device
     )
+    focus = forward is not None and forward.ratio_rule == "step_focus"
     traj = rollout(
         policy.conditioned(cond, guidance_scale),
         init,
@@ -58,8 +75,51 @@ def generate(
         generator=generator,
         mask_schedule=policy.mask_schedule,  # the model's own schedules (Show-o's by default)
         gumbel_anneal=policy.gumbel_anneal,
+        sampler=sampler,
+        record_likelihood=forward is None,
+        keep_predictions=focus,
     )
     images = policy.decode_images(traj.final_tokens)
+    if forward is not None:
+        seeds = torch.randint(0, 2**62, (n,), generator=generator, device=device).cpu()
+        focus_counts = None
+        if focus:
+            assert traj.predictions is not None and traj.masked_before is not None
+            focus_counts = focus_step_counts(
+                traj.predictions, traj.final_tokens, traj.masked_before, forward.num_draws
+            ).cpu()
+        counts = mask_counts(seeds, forward, policy.num_image_tokens, focus_counts)  # [N, K]
+        old = []
+        for k in range(forward.num_draws):  # one forward pass per draw, all samples
+            query = forward_query(
+                traj.final_tokens,
+                seeds,
+                counts[:, k],
+                torch.full((n,), k),
+                policy.codebook_size,
+                forward.reduction,
+            )
+            old.append(unit_log_probs(policy, cond, guidance_scale, temperature, query))
+        return RolloutBatch(
+            prompts=list(prompts),
+            prompt_indices=list(prompt_indices),
+            group_size=group_size,
+            cond_ids=cond.cpu(),
+            final_tokens=traj.final_tokens.cpu(),
+            unmask_step=None,
+            old_logp=torch.stack(old, dim=1).float().cpu(),
+            sampled=None,
+            images=images.cpu(),
+            policy_version=policy_version,
+            transition=transition,
+            guidance_scale=guidance_scale,
+            temperature=temperature,
+            likelihood_tau=torch.zeros(forward.num_draws),
+            estimator="forward",
+            mask_seed=seeds,
+            mask_counts=counts,
+            forward_reduction=forward.reduction,
+        ).validate()
     return RolloutBatch(
         prompts=list(prompts),
         prompt_indices=list(prompt_indices),
@@ -226,34 +286,73 @@ def make_train_batch(scored: ScoredBatch, keep: torch.Tensor, advantage_eps: flo
     return TrainBatch.from_rollout(rb, group_advantages(rewards, rb.group_size, advantage_eps))
 
 
+def pair_query(
+    batch: TrainBatch,
+    samples: torch.Tensor,
+    units: torch.Tensor,
+    codebook_size: int,
+    device: torch.device | str = "cpu",
+) -> PairQuery:
+    """The model input and scoring of (sample, unit) pairs under the batch's estimator, on
+    ``device``. A unit is an unmasking step (trajectory: the recorded state ``Y_t`` and the
+    rollout's transition definition) or a mask draw (forward: the final tokens re-masked by the
+    seeded mask, built on the CPU). ``samples`` and ``units`` are long ``[M]`` on the CPU."""
+    final = batch.final_tokens[samples].to(device)
+    if batch.estimator == "forward":
+        assert batch.mask_seed is not None and batch.mask_counts is not None
+        return forward_query(
+            final,
+            batch.mask_seed[samples],
+            batch.mask_counts[samples, units],
+            units,
+            codebook_size,
+            batch.forward_reduction,
+        )
+    assert batch.unmask_step is not None
+    sampled = batch.sampled[samples, units].to(device) if batch.sampled is not None else None
+    return trajectory_query(
+        final,
+        batch.unmask_step[samples].to(device),
+        units.to(device),
+        codebook_size,
+        batch.transition,
+        sampled=sampled,
+        gumbel_tau=batch.likelihood_tau[units].to(device),
+    )
+
+
+def unit_log_probs(
+    policy: MaskedImagePolicy,
+    cond_ids: torch.Tensor,
+    guidance_scale: float,
+    temperature: float,
+    query: PairQuery,
+) -> torch.Tensor:
+    """One forward pass of ``policy`` on the query's states, scored: float ``[M]``.
+
+    The one place a likelihood unit is evaluated: the rollout (old log-probs under the forward
+    estimator), the learner and the reference all call it, with the same guidance and
+    temperature.
+    """
+    device = next(policy.parameters()).device
+    logits = policy.conditioned(cond_ids.to(device), guidance_scale)(query.state.to(device))
+    return query.score(logits / temperature)
+
+
 def pair_log_probs(
     policy: MaskedImagePolicy, batch: TrainBatch, samples: torch.Tensor, steps: torch.Tensor
 ) -> torch.Tensor:
-    """Transition log-probs of (sample, step) pairs in one forward: float ``[M]``.
+    """Log-probs of (sample, unit) pairs in one forward: float ``[M]``.
 
-    Rebuilds each pair's state ``Y_t`` from the record and evaluates the rollout's transition
-    definition under the policy's current weights (same guidance and temperature).
+    Rebuilds each pair's input from the record and scores it under the policy's current weights
+    (same guidance and temperature as the rollout): the transition of unmasking step ``steps[m]``
+    (trajectory estimator) or the re-masked final tokens of mask draw ``steps[m]`` (forward).
     """
     device = next(policy.parameters()).device
-    final = batch.final_tokens[samples].to(device)
-    tokens, masked, unmasked = replay_states(
-        final, batch.unmask_step[samples].to(device), steps.to(device), policy.codebook_size
+    query = pair_query(batch, samples, steps, policy.codebook_size, device)
+    return unit_log_probs(
+        policy, batch.cond_ids[samples], batch.guidance_scale, batch.temperature, query
     )
-    logits = policy.conditioned(batch.cond_ids[samples].to(device), batch.guidance_scale)(tokens)
-    target = batch.sampled[samples, steps].to(device) if batch.sampled is not None else final
-    tau = batch.likelihood_tau[steps].to(device)  # [M]
-    return step_log_prob(
-        logits / batch.temperature, masked, unmasked, target, batch.transition, gumbel_tau=tau
-    )
-
-
-def pair_num_tokens(batch: TrainBatch, samples: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """Tokens each pair's transition likelihood covers, float ``[M]``: the newly unmasked ones
-    for ``p2`` (Eq. 15), every masked one for ``p1`` (committed and remasked terms) and ``ar``."""
-    commit = batch.unmask_step[samples]  # [M, L]
-    t = steps.view(-1, 1)
-    covered = (commit == t) if batch.transition == "p2" else (commit >= t)
-    return covered.sum(-1).float()
 
 
 @dataclass(frozen=True)
@@ -323,11 +422,15 @@ def accumulate_gradients(
     abs_lr = []
     for start in range(0, len(samples), micro_batch):
         s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
-        logp = pair_log_probs(policy, batch, s, t)
+        query = pair_query(batch, s, t, policy.codebook_size, next(policy.parameters()).device)
+        cond = batch.cond_ids[s]
+        logp = unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query)
         ref = None
         if ref_policy is not None and kl_coef > 0:
-            with torch.no_grad():
-                ref = pair_log_probs(ref_policy, batch, s, t)
+            with torch.no_grad():  # the same states (and masks) as the policy's
+                ref = unit_log_probs(
+                    ref_policy, cond, batch.guidance_scale, batch.temperature, query
+                )
         dev = logp.device
         old = batch.old_logp[s, t].to(dev)
         per_token = guards.kl_normalization == "per_token"
@@ -343,7 +446,7 @@ def accumulate_gradients(
             log_ratio_clamp=guards.log_ratio_clamp,
             dual_clip=guards.dual_clip,
             kl_clamp=guards.kl_clamp,
-            kl_num_tokens=pair_num_tokens(batch, s, t).to(dev) if per_token else None,
+            kl_num_tokens=query.num_tokens.to(dev) if per_token else None,
         )
         (backward or (lambda x: x.backward()))(loss)
         abs_lr.append((logp.detach() - old).abs().float().cpu())
@@ -368,6 +471,7 @@ def evaluate(
     gumbel_temperature: float,
     seed: int,
     batch_prompts: int = 32,
+    sampler: str = "showo",
 ) -> dict[str, float]:
     """Held-out evaluation with fixed seeds: mean reward and accuracy (where defined)."""
     rewards, accs = [], []
@@ -386,6 +490,7 @@ def evaluate(
             transition="p2",
             policy_version=-1,
             generator=g,
+            sampler=sampler,
         )
         sb = score(reward, rb)
         rewards.append(sb.rewards)

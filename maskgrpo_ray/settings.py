@@ -8,9 +8,10 @@ run with the same values by construction.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from maskgrpo_ray.algo.estimators import ForwardSettings
 from maskgrpo_ray.config import Config, ModelConfig
 from maskgrpo_ray.models.registry import reward_defaults
 from maskgrpo_ray.phases import LossGuards
@@ -28,9 +29,11 @@ class RolloutSettings:
     guidance_scale: float
     transition: str  # "p1" | "p2" | "ar"
     remask_likelihood: str  # "marginal" | "eq14"
+    sampler: str  # "showo" | "ancestral"
+    forward: ForwardSettings | None  # None: the trajectory estimator
 
     def kwargs(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: keeps forward
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class EvalSettings:
     temperature: float
     gumbel_temperature: float
     seed: int  # fixed: the same images for the same weights
+    sampler: str
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,7 +56,7 @@ class EvalSettings:
 class UpdateSettings:
     """Everything one learner update needs (``learner_core``): objective, schedule, optimizer."""
 
-    num_steps: int  # S, unmasking steps of the rollouts trained on
+    num_steps: int  # U, likelihood units per sample: S unmasking steps, or K mask draws
     step_selection: str  # "all" | "first" | "last" | "random" (computational reduction)
     steps_trained: int  # k for first/last/random
     micro_batch_pairs: int  # (sample, unmasking step) pairs per forward
@@ -117,6 +121,19 @@ class RunSettings:
     reward_resources: ActorResources
 
 
+def _forward_settings(cfg: Config) -> ForwardSettings | None:
+    if cfg.likelihood.estimator != "forward":
+        return None
+    f = cfg.likelihood.forward
+    return ForwardSettings(
+        num_draws=f.mask_draws,
+        ratio_min=f.mask_ratio_min,
+        ratio_max=f.mask_ratio_max,
+        ratio_rule=f.mask_ratios,
+        reduction=f.reduction,
+    )
+
+
 def settings_from_config(cfg: Config) -> RunSettings:
     """Build every role's settings from the validated config (the one place that reads it)."""
     r, t, e, lc = cfg.rollout, cfg.train, cfg.eval, cfg.learner
@@ -128,6 +145,8 @@ def settings_from_config(cfg: Config) -> RunSettings:
         guidance_scale=r.guidance_scale,
         transition=r.transition,
         remask_likelihood=r.remask_likelihood,
+        sampler=r.sampler,
+        forward=_forward_settings(cfg),
     )
     evaluation = EvalSettings(
         samples_per_prompt=e.samples_per_prompt,
@@ -138,9 +157,11 @@ def settings_from_config(cfg: Config) -> RunSettings:
             e.gumbel_temperature if e.gumbel_temperature is not None else r.gumbel_temperature
         ),
         seed=cfg.run.seed + 10_007,
+        sampler=e.sampler or r.sampler,
     )
+    forward = rollout.forward
     update = UpdateSettings(
-        num_steps=r.unmasking_steps,
+        num_steps=forward.num_draws if forward is not None else r.unmasking_steps,
         step_selection=t.unmasking_step_selection,
         steps_trained=t.unmasking_steps_trained,
         micro_batch_pairs=t.micro_batch_pairs_per_gpu,

@@ -18,6 +18,35 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def _rows(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if x is None else x[rows]
+
+
+def _check_record(b: Any) -> None:
+    """The likelihood record matches the estimator (shared by rollout and train batches)."""
+    n, u = b.final_tokens.shape[0], b.old_logp.shape[1]
+    if b.estimator == "trajectory":
+        _check(
+            b.unmask_step is not None and b.unmask_step.shape == b.final_tokens.shape,
+            "unmask_step must match final_tokens [N, L] (trajectory estimator)",
+        )
+    elif b.estimator == "forward":
+        _check(
+            b.mask_seed is not None and b.mask_seed.shape == (n,),
+            f"mask_seed must be [N={n}] (forward estimator)",
+        )
+        _check(
+            b.mask_counts is not None and b.mask_counts.shape == (n, u),
+            f"mask_counts must be [N={n}, K={u}] (forward estimator)",
+        )
+        _check(
+            b.forward_reduction in ("mean", "sum"),
+            f"forward_reduction must be 'mean' or 'sum', got {b.forward_reduction!r}",
+        )
+    else:
+        _check(False, f"estimator must be 'trajectory' or 'forward', got {b.estimator!r}")
+
+
 @dataclass(frozen=True)
 class RolloutBatch:
     """Groups of G samples per prompt with the recorded trajectory and cached old log-probs."""
@@ -27,15 +56,20 @@ class RolloutBatch:
     group_size: int  # G
     cond_ids: torch.Tensor  # [N, P] long, the policy's condition ids
     final_tokens: torch.Tensor  # [N, L] long, codebook tokens
-    unmask_step: torch.Tensor  # [N, L] long, step that committed each position (-1 = given)
-    old_logp: torch.Tensor  # [N, S] float32, transition log-prob under the sampling policy
+    # [N, L] long, step that committed each position (-1 = given); None: forward estimator
+    unmask_step: torch.Tensor | None
+    old_logp: torch.Tensor  # [N, U] float32, log-prob of each likelihood unit (U = S or K)
     sampled: torch.Tensor | None  # [N, S, L] long, AR-style only
     images: torch.Tensor  # [N, H, W, 3] uint8
     policy_version: int
-    transition: str  # "p1" | "p2" | "ar"
+    transition: str  # "p1" | "p2" | "ar" (trajectory estimator)
     guidance_scale: float
     temperature: float
-    likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t the transition log-prob integrates
+    likelihood_tau: torch.Tensor  # [U] float32, Gumbel tau_t a unit integrates (forward: 0)
+    estimator: str = "trajectory"  # "trajectory" (units: steps) | "forward" (units: mask draws)
+    mask_seed: torch.Tensor | None = None  # [N] long, forward: each sample's mask seed
+    mask_counts: torch.Tensor | None = None  # [N, K] long, forward: tokens each draw masks
+    forward_reduction: str = "mean"  # forward: "mean" | "sum" over the masked positions
 
     @property
     def num_samples(self) -> int:
@@ -46,16 +80,13 @@ class RolloutBatch:
         return self.old_logp.shape[1]
 
     def validate(self) -> RolloutBatch:
+        _check_record(self)
         b, g = len(self.prompts), self.group_size
         n = b * g
         _check(len(self.prompt_indices) == b, "prompt_indices must have one entry per prompt")
         _check(
             self.final_tokens.shape[0] == n,
             f"final_tokens has {self.final_tokens.shape[0]} rows, expected B*G={n}",
-        )
-        _check(
-            self.unmask_step.shape == self.final_tokens.shape,
-            "unmask_step must match final_tokens [N, L]",
         )
         _check(self.cond_ids.shape[0] == n, "cond_ids must be [N, P]")
         _check(
@@ -89,10 +120,12 @@ class RolloutBatch:
             prompt_indices=[self.prompt_indices[i] for i in idx],
             cond_ids=self.cond_ids[rows],
             final_tokens=self.final_tokens[rows],
-            unmask_step=self.unmask_step[rows],
+            unmask_step=_rows(self.unmask_step, rows),
             old_logp=self.old_logp[rows],
-            sampled=None if self.sampled is None else self.sampled[rows],
+            sampled=_rows(self.sampled, rows),
             images=self.images[rows],
+            mask_seed=_rows(self.mask_seed, rows),
+            mask_counts=_rows(self.mask_counts, rows),
         )
 
     @staticmethod
@@ -112,6 +145,10 @@ class RolloutBatch:
                     raise ValueError(
                         "cannot concatenate rollouts made with different tau schedules"
                     )
+                cat[f.name] = vals[0]
+            elif f.name in ("estimator", "forward_reduction", "transition"):
+                if any(v != vals[0] for v in vals):
+                    raise ValueError(f"cannot concatenate rollouts with different {f.name}s")
                 cat[f.name] = vals[0]
             elif isinstance(vals[0], torch.Tensor):
                 cat[f.name] = torch.cat(vals)
@@ -168,15 +205,19 @@ class TrainBatch:
     group_size: int  # G
     cond_ids: torch.Tensor  # [N, P] long
     final_tokens: torch.Tensor  # [N, L] long
-    unmask_step: torch.Tensor  # [N, L] long
-    old_logp: torch.Tensor  # [N, S] float32
+    unmask_step: torch.Tensor | None  # [N, L] long (trajectory estimator)
+    old_logp: torch.Tensor  # [N, U] float32, U = S unmasking steps or K mask draws
     sampled: torch.Tensor | None  # [N, S, L] long (AR-style only)
     advantages: torch.Tensor  # [N] float32
     transition: str
     guidance_scale: float
     temperature: float
     policy_version: int  # oldest policy version among the rollouts
-    likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t the transition log-prob integrates
+    likelihood_tau: torch.Tensor  # [U] float32, Gumbel tau_t a unit integrates (forward: 0)
+    estimator: str = "trajectory"
+    mask_seed: torch.Tensor | None = None  # [N] long (forward estimator)
+    mask_counts: torch.Tensor | None = None  # [N, K] long (forward estimator)
+    forward_reduction: str = "mean"
 
     @property
     def num_samples(self) -> int:
@@ -198,9 +239,14 @@ class TrainBatch:
             temperature=rb.temperature,
             policy_version=rb.policy_version,
             likelihood_tau=rb.likelihood_tau,
+            estimator=rb.estimator,
+            mask_seed=rb.mask_seed,
+            mask_counts=rb.mask_counts,
+            forward_reduction=rb.forward_reduction,
         ).validate()
 
     def validate(self) -> TrainBatch:
+        _check_record(self)
         n = self.num_samples
         _check(self.advantages.shape == (n,), f"advantages must be [N={n}]")
         _check(bool(torch.isfinite(self.advantages).all()), "advantages must be finite")
@@ -220,8 +266,10 @@ class TrainBatch:
             self,
             cond_ids=self.cond_ids[rows],
             final_tokens=self.final_tokens[rows],
-            unmask_step=self.unmask_step[rows],
+            unmask_step=_rows(self.unmask_step, rows),
             old_logp=self.old_logp[rows],
-            sampled=None if self.sampled is None else self.sampled[rows],
+            sampled=_rows(self.sampled, rows),
             advantages=self.advantages[rows],
+            mask_seed=_rows(self.mask_seed, rows),
+            mask_counts=_rows(self.mask_counts, rows),
         )

@@ -13,7 +13,7 @@ import torch
 
 from maskgrpo_ray.algo.grpo import grpo_loss, k3_kl
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.phases import abs_log_ratio_stats, pair_num_tokens
+from maskgrpo_ray.phases import abs_log_ratio_stats, pair_query
 
 
 def _t(*xs: float) -> torch.Tensor:
@@ -103,11 +103,31 @@ def test_pair_num_tokens_counts_the_likelihoods_tokens():
 
     # one sample, L = 5, commit steps [0, 1, 1, 2, -1] (the last position was given)
     commit = torch.tensor([[0, 1, 1, 2, -1]])
+    final = torch.tensor([[1, 2, 3, 0, 1]])
     samples, steps = torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])
     for transition, expect in (("p2", [1, 2, 1]), ("p1", [4, 3, 1]), ("ar", [4, 3, 1])):
-        batch = SimpleNamespace(unmask_step=commit, transition=transition)
+        batch = SimpleNamespace(
+            estimator="trajectory",
+            final_tokens=final,
+            unmask_step=commit,
+            transition=transition,
+            sampled=None,
+            likelihood_tau=torch.zeros(3),
+        )
         # p2 covers U_t (commit == t); p1 and ar every position masked at t (commit >= t)
-        torch.testing.assert_close(pair_num_tokens(batch, samples, steps), _t(*expect))
+        q = pair_query(batch, samples, steps, codebook_size=4)
+        torch.testing.assert_close(q.num_tokens, _t(*expect))
+    # forward: the re-masked tokens (sum), or 1 (mean: already per token)
+    for reduction, expect in (("sum", [2, 5, 1]), ("mean", [1, 1, 1])):
+        batch = SimpleNamespace(
+            estimator="forward",
+            final_tokens=final,
+            mask_seed=torch.tensor([7]),
+            mask_counts=torch.tensor([[2, 5, 1]]),
+            forward_reduction=reduction,
+        )
+        q = pair_query(batch, samples, steps, codebook_size=4)
+        torch.testing.assert_close(q.num_tokens, _t(*expect))
 
 
 def test_abs_log_ratio_stats_by_hand():

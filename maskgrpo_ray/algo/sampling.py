@@ -52,6 +52,9 @@ class Trajectory:
     sampled: torch.Tensor | None  # [N, S, L] long, sampled tokens per step (AR-style only)
     kind: str  # transition definition of old_logp: "p1" | "p2" | "ar"
     likelihood_tau: torch.Tensor  # [S] float32, Gumbel tau_t that old_logp integrates (0: Eq. 14)
+    # [N, S, L] long, the sampler's token at every position per step (keep_predictions only)
+    predictions: torch.Tensor | None = None
+    masked_before: torch.Tensor | None = None  # [N, S] long, masked tokens before each step
 
 
 def gumbel_noise(
@@ -136,6 +139,57 @@ def unmask_step(
     return StepOutcome(next_tokens, sampled, masked, unmasked, tau)
 
 
+SAMPLERS: tuple[str, ...] = ("showo", "ancestral")
+
+
+def masked_share_before_steps(
+    num_steps: int, num_tokens: int, mask_schedule: MaskSchedule = num_masked_after_step
+) -> list[float]:
+    """``k_t``, the share of the ``L`` tokens masked before step ``t`` when starting fully
+    masked under ``mask_schedule`` (``k_0 = 1``), for ``t = 0..S`` (``k_S = 0``)."""
+    shares, masked = [1.0], num_tokens
+    for t in range(num_steps):
+        masked = mask_schedule(t, num_steps, num_tokens, masked)
+        shares.append(masked / num_tokens)
+    return shares
+
+
+def ancestral_step(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    step: int,
+    shares: list[float],
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> StepOutcome:
+    """One step of the ancestral ("emerge", MDLM-style) sampler that MaskGRPO on MMaDA uses.
+
+    Every masked position draws ``x_i ~ softmax(logits / temperature)`` and commits it,
+    independently of the others and of the policy, with probability ``(k_t - k_{t+1}) / k_t``
+    (``k`` from :func:`masked_share_before_steps`; 1 at the last step). There is no confidence
+    ranking and no Gumbel noise, so which positions commit does not depend on the weights and
+    Eq. 15 (``p2``) is this transition's exact log-probability up to a constant.
+
+    Args:
+        logits: float ``[N, L, V]``; tokens: long ``[N, L]`` (masked = ``V``).
+        step: ``t``; shares: ``k_0..k_S``; generator: on the logits' device.
+    """
+    n, length, vocab = logits.shape
+    check_generator_device(generator, logits.device)
+    masked = tokens == vocab  # [N, L]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
+    draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
+    sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
+    k_t, k_s = shares[step], shares[step + 1]
+    p_commit = 1.0 if step >= len(shares) - 2 or k_t <= 0 else (k_t - k_s) / k_t
+    u = torch.zeros((n, length), dtype=torch.float32, device=logits.device)
+    u.uniform_(0, 1, generator=generator)
+    unmasked = masked & (u < p_commit)
+    next_tokens = torch.where(masked & ~unmasked, torch.full_like(sampled, vocab), sampled)
+    return StepOutcome(next_tokens, sampled, masked, unmasked, 0.0)
+
+
 def rollout(
     logits_fn: LogitsFn,
     initial_tokens: torch.Tensor,
@@ -149,6 +203,9 @@ def rollout(
     generator: torch.Generator | None = None,
     mask_schedule: MaskSchedule = num_masked_after_step,
     gumbel_anneal: GumbelAnneal = compounding_anneal,
+    sampler: str = "showo",
+    record_likelihood: bool = True,
+    keep_predictions: bool = False,
 ) -> Trajectory:
     """Run ``S`` unmasking steps from ``initial_tokens`` and record the trajectory.
 
@@ -164,6 +221,12 @@ def rollout(
         generator: torch generator for reproducible draws.
         mask_schedule, gumbel_anneal: the model's schedules (see :func:`unmask_step`; Show-o's
             by default); ``likelihood_tau`` records the tau the anneal gave each step.
+        sampler: ``"showo"`` (confidence ranking with Gumbel noise, :func:`unmask_step`) or
+            ``"ancestral"`` (:func:`ancestral_step`; only ``p2`` is its exact likelihood).
+        record_likelihood: False skips the per-step log-probs (``old_logp`` is ``[N, 0]``): a
+            forward-estimator rollout scores the final sample instead.
+        keep_predictions: also return ``predictions [N, S, L]`` and ``masked_before [N, S]``
+            (the forward estimator's step focus reads them).
 
     Returns:
         The :class:`Trajectory`; ``old_logp[:, t]`` is the log-probability of step ``t`` under
@@ -176,47 +239,65 @@ def rollout(
         raise ValueError(
             f"remask_likelihood must be 'marginal' or 'eq14', got {remask_likelihood!r}"
         )
-    old_logp, sampled_all, lik_tau = [], [], []
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    shares = masked_share_before_steps(num_steps, length, mask_schedule)
+    old_logp, sampled_all, lik_tau, preds, masked_before = [], [], [], [], []
     tau = gumbel_temperature
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
-        out = unmask_step(
-            logits,
-            tokens,
-            t,
-            num_steps,
-            tau,
-            temperature=temperature,
-            generator=generator,
-            mask_schedule=mask_schedule,
-            gumbel_anneal=gumbel_anneal,
-        )
+        if sampler == "ancestral":
+            out = ancestral_step(
+                logits, tokens, t, shares, temperature=temperature, generator=generator
+            )
+        else:
+            out = unmask_step(
+                logits,
+                tokens,
+                t,
+                num_steps,
+                tau,
+                temperature=temperature,
+                generator=generator,
+                mask_schedule=mask_schedule,
+                gumbel_anneal=gumbel_anneal,
+            )
         tau = out.tau
         lik_tau.append(out.tau if remask_likelihood == "marginal" else 0.0)
-        step_tokens = out.sampled
-        old_logp.append(
-            step_log_prob(
-                logits / temperature,
-                out.masked,
-                out.unmasked,
-                step_tokens,
-                kind,
-                gumbel_tau=lik_tau[-1],
+        if keep_predictions:
+            preds.append(out.sampled)
+            masked_before.append(out.masked.sum(-1))
+        if record_likelihood:
+            old_logp.append(
+                step_log_prob(
+                    logits / temperature,
+                    out.masked,
+                    out.unmasked,
+                    out.sampled,
+                    kind,
+                    gumbel_tau=lik_tau[-1],
+                )
             )
-        )
-        if kind == "ar":
+        if kind == "ar" and record_likelihood:
             sampled_all.append(torch.where(out.masked, out.sampled, codebook_size))
         commit_step = torch.where(out.unmasked, t, commit_step)
         tokens = out.next_tokens
     if bool((commit_step == -2).any()):
         raise RuntimeError("rollout ended with masked positions; the last step must commit all")
+    recorded = record_likelihood and kind == "ar"
     return Trajectory(
         final_tokens=tokens,
         unmask_step=commit_step,
-        old_logp=torch.stack(old_logp, dim=1).float(),
-        sampled=torch.stack(sampled_all, dim=1) if kind == "ar" else None,
+        old_logp=(
+            torch.stack(old_logp, dim=1).float()
+            if record_likelihood
+            else torch.zeros(n, 0, device=tokens.device)
+        ),
+        sampled=torch.stack(sampled_all, dim=1) if recorded else None,
         kind=kind,
-        likelihood_tau=torch.tensor(lik_tau, dtype=torch.float32),
+        likelihood_tau=torch.tensor(lik_tau if record_likelihood else [], dtype=torch.float32),
+        predictions=torch.stack(preds, dim=1) if keep_predictions else None,
+        masked_before=torch.stack(masked_before, dim=1) if keep_predictions else None,
     )
 
 

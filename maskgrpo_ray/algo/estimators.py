@@ -1,0 +1,250 @@
+"""Likelihood estimators of a sample: one interface, two families.
+
+The clipped GRPO objective needs, for every sample, a set of log-probability *units* under the
+behaviour policy (cached at rollout), the current policy and the reference. Each unit is one
+forward pass of the model on a state derived from the sample:
+
+- ``trajectory`` (Mask-GRPO, the paper): a unit is an unmasking step ``t``; the state is the
+  recorded ``Y_t`` (rebuilt from ``unmask_step``) and the log-prob is the step's transition
+  probability (``transition.step_log_prob``: Eq. 13, 14, 15, or Eq. 14's Gumbel marginal).
+- ``forward`` (the forward-process or "re-mask the final sample" view of MaskGRPO on MMaDA, Ma
+  et al. 2026; MaskFocus; UDM-GRPO): a unit is a *mask draw* ``k``; the state is the final tokens
+  with a seeded random set of ``c_k`` positions re-masked, and the log-prob is the masked
+  positions' ``log p(x_i | state, prompt)``, summed or averaged. The sampler is a black box:
+  only the final tokens, one seed per sample and the mask sizes ``c [K]`` travel.
+
+Masks are a pure function of ``(seed, draw, count, L)`` computed on the CPU with its own
+generator (:func:`forward_masks`), so the rollout actor, every learner rank and the reference
+policy see identical masks on any device, and the ratio before the first update is exactly 1.
+
+Shapes: ``N`` samples, ``L`` image tokens, ``V`` codebook size (also the mask value), ``K`` mask
+draws per sample, ``M`` (sample, unit) pairs of one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from maskgrpo_ray.algo.transition import step_log_prob
+
+ESTIMATORS: tuple[str, ...] = ("trajectory", "forward")
+MASK_RATIO_RULES: tuple[str, ...] = ("stratified", "uniform", "step_focus")
+REDUCTIONS: tuple[str, ...] = ("mean", "sum")
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio odd constant: decorrelates (seed, draw) streams
+_RATIO_STREAM = 1 << 20  # the draw index reserved for a sample's ratio draws
+
+
+@dataclass(frozen=True)
+class ForwardSettings:
+    """The forward estimator's settings (``likelihood.forward.*``)."""
+
+    num_draws: int  # K, seeded masks per sample
+    ratio_min: float  # smallest share of the L tokens re-masked
+    ratio_max: float  # largest share
+    ratio_rule: str  # "stratified" | "uniform" | "step_focus"
+    reduction: str  # "mean" | "sum" over the masked positions
+
+    def __post_init__(self) -> None:
+        if self.num_draws < 1:
+            raise ValueError(f"num_draws must be >= 1, got {self.num_draws}")
+        if not 0.0 < self.ratio_min <= self.ratio_max <= 1.0:
+            raise ValueError(
+                f"need 0 < ratio_min <= ratio_max <= 1, got {self.ratio_min}, {self.ratio_max}"
+            )
+        if self.ratio_rule not in MASK_RATIO_RULES:
+            raise ValueError(f"ratio_rule must be one of {MASK_RATIO_RULES}: {self.ratio_rule!r}")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}: {self.reduction!r}")
+
+
+def _stream_seed(seed: int, draw: int) -> int:
+    """A 63-bit seed for the ``(seed, draw)`` stream (splitmix-style odd-constant mix)."""
+    return (int(seed) + (int(draw) + 1) * _MIX) % (1 << 63)
+
+
+def mask_counts(
+    seeds: torch.Tensor,
+    s: ForwardSettings,
+    num_tokens: int,
+    focus_counts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """How many of the ``L`` tokens each draw re-masks: long ``[N, K]``, each in ``[1, L]``.
+
+    Args:
+        seeds: long ``[N]``, one mask seed per sample.
+        s: the forward settings.
+        num_tokens: ``L``.
+        focus_counts: long ``[N, K]``, for ``step_focus`` only: the masked counts of the
+            trajectory's chosen steps (:func:`focus_step_counts`).
+
+    Rules (ratio ``r`` -> count ``clamp(ceil(r * L), 1, L)``):
+        ``stratified``: ``r_k = lo + (hi - lo) (k + 1) / K``, the same for every sample
+        (MaskGRPO on MMaDA: ``t_j = gamma + (1 - gamma)(j + 1)/mu`` with ``hi = 1``).
+        ``uniform``: ``r_k ~ U(lo, hi)`` from the sample's seed.
+        ``step_focus``: ``focus_counts`` as given.
+    """
+    n, k = seeds.shape[0], s.num_draws
+    if s.ratio_rule == "step_focus":
+        if focus_counts is None or focus_counts.shape != (n, k):
+            raise ValueError(f"step_focus needs focus_counts [N={n}, K={k}]")
+        return focus_counts.long().clamp(1, num_tokens)
+    if s.ratio_rule == "stratified":
+        steps = (torch.arange(k, dtype=torch.float64) + 1) / k
+        ratios = (s.ratio_min + (s.ratio_max - s.ratio_min) * steps).expand(n, k)  # [N, K]
+    else:
+        rows = []
+        for seed in seeds.tolist():
+            g = torch.Generator().manual_seed(_stream_seed(seed, _RATIO_STREAM))
+            rows.append(torch.rand(k, generator=g, dtype=torch.float64))
+        ratios = s.ratio_min + (s.ratio_max - s.ratio_min) * torch.stack(rows)  # [N, K]
+    return torch.ceil(ratios * num_tokens - 1e-9).long().clamp(1, num_tokens)
+
+
+def forward_masks(
+    seeds: torch.Tensor, draws: torch.Tensor, counts: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """The re-masked positions of (sample, draw) pairs: bool ``[M, L]``, on the CPU.
+
+    Args:
+        seeds: long ``[M]``, each pair's sample mask seed.
+        draws: long ``[M]``, the draw index ``k``.
+        counts: long ``[M]``, positions to mask (``c_k`` of the pair's sample).
+        num_tokens: ``L``.
+
+    Returns:
+        Pair ``m`` masks the ``counts[m]`` positions with the smallest of ``L`` uniforms drawn
+        from a CPU generator seeded by ``(seeds[m], draws[m])`` alone: a uniformly random subset
+        of that size, the same whatever the other pairs, the device or the process.
+    """
+    m = seeds.shape[0]
+    out = torch.zeros(m, num_tokens, dtype=torch.bool)
+    for row, (seed, draw, count) in enumerate(
+        zip(seeds.tolist(), draws.tolist(), counts.tolist(), strict=True)
+    ):
+        g = torch.Generator().manual_seed(_stream_seed(seed, draw))
+        order = torch.rand(num_tokens, generator=g).argsort()
+        out[row, order[:count]] = True
+    return out
+
+
+def masked_token_log_prob(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, reduction: str
+) -> torch.Tensor:
+    """``sum`` (or ``mean``) over masked positions of ``log softmax(logits)[target]``: ``[M]``.
+
+    Args:
+        logits: float ``[M, L, V]`` at the re-masked state (temperature applied).
+        targets: long ``[M, L]``, the sample's final tokens.
+        mask: bool ``[M, L]``, the re-masked positions (the ones scored).
+        reduction: ``"sum"`` (the log-likelihood of the masked tokens given the rest) or
+            ``"mean"`` (divided by the number of masked positions).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [M, L, V]
+    tok = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [M, L]
+    total = torch.where(mask, tok, torch.zeros_like(tok)).sum(-1)  # [M]
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / mask.sum(-1).clamp(min=1)
+    raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def focus_step_counts(
+    predictions: torch.Tensor, final_tokens: torch.Tensor, masked_before: torch.Tensor, k: int
+) -> torch.Tensor:
+    """MaskFocus-style step focus: the masked counts of each sample's ``K`` critical steps.
+
+    MaskFocus (Meissonic) ranks a trajectory's steps by ``|delta cos-sim|`` between the VQ
+    embedding of the step's predicted image and the final one, keeps the top ``K`` and scores a
+    random mask *of that step's size* (not the trajectory's own mask). Here the similarity is the
+    model-agnostic token agreement ``a_t = mean_i [pred_t,i == final_i]`` (no codebook embedding
+    needed), ``a_{-1} = 0``; the ``K`` steps with the largest ``|a_t - a_{t-1}|`` (ties: earlier)
+    give counts ``masked_before[t]``.
+
+    Args:
+        predictions: long ``[N, S, L]``, the sampler's token at every position at each step.
+        final_tokens: long ``[N, L]``.
+        masked_before: long ``[N, S]``, masked tokens before each step.
+        k: ``K <= S``.
+
+    Returns:
+        long ``[N, K]``, ordered by step.
+    """
+    agree = (predictions == final_tokens[:, None, :]).float().mean(-1)  # [N, S]
+    prev = torch.cat([torch.zeros_like(agree[:, :1]), agree[:, :-1]], dim=1)
+    jump = (agree - prev).abs()
+    s = agree.shape[1]
+    # stable top-K: break ties towards earlier steps with a tiny decreasing offset
+    key = jump.double() - torch.arange(s, dtype=torch.float64) * 1e-9
+    steps = key.topk(k, dim=1).indices.sort(dim=1).values  # [N, K]
+    return masked_before.gather(1, steps)
+
+
+@dataclass(frozen=True)
+class PairQuery:
+    """One forward pass's worth of (sample, unit) pairs: the model input and how to score it."""
+
+    state: torch.Tensor  # [M, L] long, model input (masked = V)
+    num_tokens: torch.Tensor  # [M] float, tokens the pair's log-prob covers
+    score: Callable[[torch.Tensor], torch.Tensor]  # logits [M, L, V] (temperature applied) -> [M]
+
+
+def trajectory_query(
+    final_tokens: torch.Tensor,
+    unmask_step: torch.Tensor,
+    steps: torch.Tensor,
+    codebook_size: int,
+    transition: str,
+    *,
+    sampled: torch.Tensor | None = None,
+    gumbel_tau: torch.Tensor | float = 0.0,
+) -> PairQuery:
+    """Pairs (sample, unmasking step): the recorded state ``Y_t`` and its transition log-prob.
+
+    Args:
+        final_tokens, unmask_step: long ``[M, L]`` of each pair's sample.
+        steps: long ``[M]``, the step ``t``; transition: ``"p1" | "p2" | "ar"``.
+        sampled: long ``[M, L]``, the sampled tokens at the step (``"ar"`` only).
+        gumbel_tau: float ``[M]`` (or scalar), the step's recorded Gumbel temperature.
+    """
+    t = steps.view(-1, 1)
+    masked = unmask_step >= t  # [M, L]
+    unmasked = unmask_step == t
+    state = torch.where(masked, torch.full_like(final_tokens, codebook_size), final_tokens)
+    target = sampled if sampled is not None else final_tokens
+    covered = unmasked if transition == "p2" else masked
+
+    def score(logits: torch.Tensor) -> torch.Tensor:
+        return step_log_prob(logits, masked, unmasked, target, transition, gumbel_tau=gumbel_tau)
+
+    return PairQuery(state, covered.sum(-1).float(), score)
+
+
+def forward_query(
+    final_tokens: torch.Tensor,
+    mask_seed: torch.Tensor,
+    mask_counts: torch.Tensor,
+    draws: torch.Tensor,
+    codebook_size: int,
+    reduction: str,
+) -> PairQuery:
+    """Pairs (sample, mask draw): the final tokens re-masked by the seeded mask, and its score.
+
+    Args:
+        final_tokens: long ``[M, L]`` of each pair's sample.
+        mask_seed: long ``[M]``, the pair's sample seed; mask_counts: long ``[M]``, ``c_k``.
+        draws: long ``[M]``, the draw ``k``; reduction: ``"mean" | "sum"``.
+    """
+    mask = forward_masks(mask_seed, draws, mask_counts, final_tokens.shape[1])
+    mask = mask.to(final_tokens.device)  # [M, L]
+    state = torch.where(mask, torch.full_like(final_tokens, codebook_size), final_tokens)
+
+    def score(logits: torch.Tensor) -> torch.Tensor:
+        return masked_token_log_prob(logits, final_tokens, mask, reduction)
+
+    # per_token KL divides the log-ratio by the tokens covered; a mean already is per token
+    covered = mask.sum(-1).float() if reduction == "sum" else torch.ones(mask.shape[0])
+    return PairQuery(state, covered.to(final_tokens.device), score)
