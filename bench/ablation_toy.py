@@ -28,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+_FWD = ["likelihood.estimator=forward", "likelihood.forward.mask_draws=4"]
+
 # name -> (overrides, the paper's claim relative to the default: "below", "above" or None, note)
 VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
     "p1, tau0=0 (toy default)": ([], None, "reference row"),
@@ -60,6 +62,42 @@ VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
         ["rollout.unmasking_steps=4", "eval.unmasking_steps=8"],
         "below",
         "paper Table 3: 0.66 vs 0.73 (a slight drop)",
+    ),
+    # the forward-process estimator (issue 13): K seeded re-maskings of the final tokens
+    "forward K=2, stratified [0.2, 1], mean": (
+        [*_FWD, "likelihood.forward.mask_draws=2"],
+        "above",
+        "MaskGRPO (MMaDA) / MaskFocus / UDM-GRPO report larger gains than the trajectory",
+    ),
+    "forward K=4, stratified [0.2, 1], mean": (
+        [*_FWD, "likelihood.forward.mask_draws=4"],
+        "above",
+        "as above; MaskGRPO's ratio rule t_j = gamma + (1-gamma)(j+1)/K",
+    ),
+    "forward K=4, uniform [0.5, 1], mean": (
+        [*_FWD, "likelihood.forward.mask_ratios=uniform", "likelihood.forward.mask_ratio_min=0.5"],
+        "above",
+        "random ratios in a narrower, heavier-masked range",
+    ),
+    "forward K=4, stratified, sum": (
+        [*_FWD, "likelihood.forward.reduction=sum"],
+        "above",
+        "log-prob summed over the masked tokens (ratio leaves the clip band sooner)",
+    ),
+    "forward K=4, 4 inner updates": (
+        [*_FWD, "train.updates_per_batch=4"],
+        "above",
+        "MaskGRPO keeps the old log-probs across 6-12 inner updates (real ratio, clip 0.2)",
+    ),
+    "forward K=4, ancestral sampler": (
+        [*_FWD, "rollout.sampler=ancestral"],
+        "above",
+        "MaskGRPO's 'emerge' sampler for training rollouts (eval: Show-o's sampler)",
+    ),
+    "forward K=4, step focus": (
+        [*_FWD, "likelihood.forward.mask_ratios=step_focus"],
+        "above",
+        "MaskFocus: mask sizes of the K steps where the prediction changes most",
     ),
 }
 
@@ -108,6 +146,7 @@ def run_one(job: tuple[str, int, int]) -> dict[str, float | str | int]:
         "logging.progress_bar=false",
         "logging.sample_grid_every_steps=0",
         "eval.gumbel_temperature=0.0",  # one evaluation sampler for every variant (paired)
+        "eval.sampler=showo",
         *VARIANTS[name][0],
     ]
     cfg = load_config(ROOT / "configs" / "toy.yaml", overrides)
@@ -115,6 +154,10 @@ def run_one(job: tuple[str, int, int]) -> dict[str, float | str | int]:
         t0 = time.perf_counter()
         s = run_train(cfg, Path(d))
         wall = time.perf_counter() - t0
+        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    # the learner's seconds per driver step (its updates_per_batch optimizer updates included)
+    update_s = statistics.fmean(r["time/update"] for r in rows if "time/update" in r)
+    gen_s = statistics.fmean(r["time/generate_score"] for r in rows if "time/generate_score" in r)
     return {
         "variant": name,
         "seed": seed,
@@ -122,6 +165,8 @@ def run_one(job: tuple[str, int, int]) -> dict[str, float | str | int]:
         "tuned": s["final_accuracy"],
         "gain": s["final_accuracy"] - s["base_accuracy"],
         "wall_seconds": wall,
+        "update_seconds": update_s,
+        "generate_seconds": gen_s,
     }
 
 
@@ -146,6 +191,12 @@ def summarise(runs: list[dict], names: list[str]) -> list[dict]:
                 "paper": VARIANTS[n][2],
                 "verdict": verdict(diffs, VARIANTS[n][1]) if n != names[0] else "-",
                 "wall_seconds": statistics.fmean(r["wall_seconds"] for r in by[n].values()),
+                "update_seconds": statistics.fmean(
+                    r.get("update_seconds", math.nan) for r in by[n].values()
+                ),
+                "generate_seconds": statistics.fmean(
+                    r.get("generate_seconds", math.nan) for r in by[n].values()
+                ),
             }
         )
     return rows
@@ -154,8 +205,9 @@ def summarise(runs: list[dict], names: list[str]) -> list[dict]:
 def markdown(rows: list[dict], steps: int) -> str:
     head = (
         f"| variant | gain, mean [95% CI] ({rows[0]['seeds']} seeds, {steps} steps) "
-        "| vs default, paired [95% CI] | paper | paper's ordering here | s/run |\n"
-        "|---|---|---|---|---|---|\n"
+        "| vs default, paired [95% CI] | paper | paper's ordering here | s/run "
+        "| learner s/step | rollout+reward s/step |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -167,7 +219,8 @@ def markdown(rows: list[dict], steps: int) -> str:
             f"{r['diff_mean'] + r['diff_ci95']:+.3f}]"
         )
         lines.append(
-            f"| {r['variant']} | {g} | {d} | {r['paper']} | {r['verdict']} | {r['wall_seconds']:.0f} |"
+            f"| {r['variant']} | {g} | {d} | {r['paper']} | {r['verdict']} "
+            f"| {r['wall_seconds']:.0f} | {r['update_seconds']:.3f} | {r['generate_seconds']:.3f} |"
         )
     return head + "\n".join(lines) + "\n"
 
