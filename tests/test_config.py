@@ -63,11 +63,33 @@ def test_override_syntax_error():
         "configs/toy.yaml",
         "configs/showo_256_clip.yaml",
         "configs/showo_512_clip.yaml",
+        "configs/showo_512_clip_forward.yaml",
         "configs/showo_tiny_random.yaml",
     ],
 )
 def test_shipped_configs_validate(path):
     load_config(path)
+
+
+def test_forward_showo_config_differs_only_in_the_estimator():
+    """showo_512_clip_forward.yaml is the main Show-o run with the forward estimator: only the
+    likelihood, the inner updates, the clip and the run name differ."""
+    base = load_config("configs/showo_512_clip.yaml").model_dump()
+    fwd = load_config("configs/showo_512_clip_forward.yaml").model_dump()
+    differ = {
+        f"{section}.{key}"
+        for section in base
+        for key in base[section]
+        if base[section][key] != fwd[section][key]
+    }
+    assert differ == {
+        "run.name",
+        "likelihood.estimator",
+        "likelihood.forward",
+        "train.updates_per_batch",
+        "train.clip_low",
+    }
+    assert fwd["likelihood"]["forward"]["mask_draws"] == 4
 
 
 def test_embedded_default_equals_toy_yaml():

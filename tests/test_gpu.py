@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from maskgrpo_ray.algo.estimators import ForwardSettings
 from maskgrpo_ray.algo.sampling import check_generator_device
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.phases import abs_log_ratio_stats, generate, pair_log_probs, train_pairs
@@ -21,7 +22,9 @@ from maskgrpo_ray.types import TrainBatch
 PROMPTS = ["two red dots on the left", "one blue dot on the top", "three green dots"]
 
 
-def _rollout_and_recompute(policy, transition: str, likelihood: str, steps: int):
+def _rollout_and_recompute(
+    policy, transition: str, likelihood: str, steps: int, forward=None, sampler="showo"
+):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rb = generate(
         policy,
@@ -36,9 +39,11 @@ def _rollout_and_recompute(policy, transition: str, likelihood: str, steps: int)
         policy_version=0,
         generator=gen,
         remask_likelihood=likelihood,
+        sampler=sampler,
+        forward=forward,
     )
     batch = TrainBatch.from_rollout(rb, torch.zeros(rb.num_samples))
-    samples, steps_ = train_pairs(batch, torch.arange(steps))
+    samples, steps_ = train_pairs(batch, torch.arange(batch.old_logp.shape[1]))
     with torch.no_grad():
         logp = torch.cat(
             [
@@ -84,3 +89,21 @@ def test_a_cpu_generator_for_cuda_logits_is_named():
     # runs without CUDA: only the devices' types are compared
     with pytest.raises(ValueError, match="generator is on cpu but the logits are on cuda"):
         check_generator_device(torch.Generator(), torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("rule", "sampler"), [("stratified", "showo"), ("step_focus", "ancestral")]
+)
+def test_forward_estimator_on_cuda_matches_the_learners_recompute(rule, sampler):
+    """The seeded masks (built on the CPU) give the rollout's and the learner's CUDA forwards
+    the same states: the log-ratio before the first update is ~0."""
+    from maskgrpo_ray.models.showo import build_tiny_random_policy
+
+    fwd = ForwardSettings(
+        num_draws=3, ratio_min=0.3, ratio_max=1.0, ratio_rule=rule, reduction="mean"
+    )
+    policy = build_tiny_random_policy(seed=3, max_text_len=16).cuda().eval()
+    abs_lr, steps = _rollout_and_recompute(policy, "p2", "marginal", 4, fwd, sampler)
+    print("forward", rule, sampler, abs_log_ratio_stats(abs_lr, steps))
+    assert float(abs_lr.max()) < 1e-3
