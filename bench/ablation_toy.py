@@ -94,6 +94,16 @@ VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
         "above",
         "MaskGRPO's 'emerge' sampler for training rollouts (eval: Show-o's sampler)",
     ),
+    "trajectory p1, 4 inner updates": (
+        ["train.updates_per_batch=4"],
+        None,
+        "the inner-update row's trajectory counterpart",
+    ),
+    "Show-o sampler tau0=1, forward K=4": (
+        [*_FWD, "rollout.gumbel_temperature=1.0"],
+        None,
+        "the forward estimator ignores the remasking noise (no marginal needed)",
+    ),
     "forward K=4, step focus": (
         [*_FWD, "likelihood.forward.mask_ratios=step_focus"],
         "above",
