@@ -10,6 +10,53 @@ from typing import Any
 import torch
 from PIL import Image, ImageDraw
 
+CURVES = (
+    # (panel, metric key, legend label): what the reward-curve figure draws where logged
+    ("reward", "reward_mean", "every generated group"),
+    ("reward", "reward_mean_kept", "groups trained on"),
+    ("reward", "eval_reward", "held-out evaluation"),
+    ("accuracy", "accuracy", "every generated group"),
+    ("accuracy", "accuracy_kept", "groups trained on"),
+    ("accuracy", "eval_accuracy", "held-out evaluation"),
+)
+
+
+def reward_curve_figure(rows: list[dict[str, Any]]) -> Any:
+    """A matplotlib figure of a run's rows: mean reward per driver step (top) and, when the
+    reward defines one, accuracy (bottom); evaluations as markers. Axes and legends labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(key: str) -> tuple[list[int], list[float]]:
+        xs: list[int] = []
+        ys: list[float] = []
+        for r in rows:
+            v = r.get(key)
+            if "step" in r and isinstance(v, int | float) and math.isfinite(v):
+                xs.append(int(r["step"]))
+                ys.append(float(v))
+        return xs, ys
+
+    panels = ["reward"] + (["accuracy"] if series("accuracy")[0] else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels) + 0.6), sharex=True)
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, panel in zip(axes, panels, strict=True):
+        for where, key, label in CURVES:
+            xs, ys = series(key)
+            if where != panel or not xs:
+                continue
+            style = {"marker": "o", "ls": "--"} if key.startswith("eval_") else {"lw": 1.5}
+            ax.plot(xs, ys, label=f"{label} ({key})", **style)
+        ax.set_ylabel("mean reward" if panel == "reward" else "accuracy (0-1)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[0].set_title("Training curves per driver step", fontsize=10)
+    axes[-1].set_xlabel("driver step")
+    fig.tight_layout()
+    return fig
+
 
 class RunLog:
     """Writes a run directory's step metrics and pictures."""
@@ -40,43 +87,13 @@ class RunLog:
         tmp.replace(self.path)
 
     def plot_reward_curve(self, name: str = "reward_curve.png") -> Path:
-        """Mean training reward per step (blue) and eval accuracy where logged (red)."""
-        w, h, pad = 640, 360, 40
-        img = Image.new("RGB", (w, h), "white")
-        d = ImageDraw.Draw(img)
-        d.rectangle([pad, pad, w - pad, h - pad], outline="black")
-        series = {
-            "reward_mean": ("blue", [(r["step"], r.get("reward_mean")) for r in self.rows]),
-            "eval_accuracy": ("red", [(r["step"], r.get("eval_accuracy")) for r in self.rows]),
-        }
-        pts_all = [(s, v) for _, pts in series.values() for s, v in pts if v is not None]
-        if pts_all:
-            s_max = max(max(s for s, _ in pts_all), 1)
-            for key, (colour, raw) in series.items():
-                pts = [(s, float(v)) for s, v in raw if v is not None]
-                if not pts:
-                    continue
-                lo, hi = min(v for _, v in pts), max(v for _, v in pts)
-                lo, hi = (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
-                xy = [
-                    (
-                        pad + (w - 2 * pad) * s / s_max,
-                        h - pad - (h - 2 * pad) * (v - lo) / (hi - lo),
-                    )
-                    for s, v in pts
-                ]
-                if len(xy) > 1:
-                    d.line(xy, fill=colour, width=2)
-                for x, y in xy:
-                    d.ellipse([x - 2, y - 2, x + 2, y + 2], fill=colour)
-                d.text(
-                    (pad + 5, 5 + 14 * list(series).index(key)),
-                    f"{key}: {lo:.3g} .. {hi:.3g}",
-                    fill=colour,
-                )
-        d.text((w // 2 - 20, h - pad + 10), "step", fill="black")
+        """The run's curves with labelled axes (:func:`reward_curve_figure`), as a PNG."""
+        import matplotlib.pyplot as plt
+
+        fig = reward_curve_figure(self.rows)
         out = self.run_dir / name
-        img.save(out)
+        fig.savefig(out, dpi=100)
+        plt.close(fig)
         return out
 
     def save_sample_grid(
