@@ -6,6 +6,7 @@ one filter actor per run.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -34,6 +35,17 @@ class FilterActor:
         self.batches += 1
         self.groups_kept += int(res.keep.sum())
         return res
+
+    def filter_and_state(
+        self, rewards: torch.Tensor, group_size: int
+    ) -> tuple[FilterResult, dict[str, Any]]:
+        """:meth:`filter`, and the state after it: the driver keeps the last one, so a filter
+        actor that dies is restarted with the history its next decision needs."""
+        res = self.filter(rewards, group_size)
+        return res, self.state_dict()
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def stats(self) -> dict[str, float]:
         """Drop rate, threshold and history (cumulative), and groups kept (effective batch)."""

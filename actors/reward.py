@@ -9,6 +9,7 @@ skipped as invalid by the filter phase, logs them, and counts them per component
 
 from __future__ import annotations
 
+import os
 import time
 
 import ray
@@ -49,6 +50,10 @@ class RewardActor:
 
     def ready(self) -> int:
         return self.actor_id
+
+    def pid(self) -> int:
+        """The actor's process id (what an operator or a fault drill signals)."""
+        return os.getpid()
 
     def score(self, batch: RolloutBatch) -> RewardResult:
         """The rollout's rewards (the rollout itself is not sent back)."""

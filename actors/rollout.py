@@ -8,6 +8,7 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -55,6 +56,10 @@ class RolloutActor:
 
     def ready(self) -> int:
         return self.actor_id
+
+    def pid(self) -> int:
+        """The actor's process id (what an operator or a fault drill signals)."""
+        return os.getpid()
 
     def check_prompts(self, prompts: list[str]) -> list[str | None]:
         """Per prompt: None if the policy can read it, else the reason (a ValueError's text)."""

@@ -4,21 +4,26 @@ updates out to it. The driver talks to the learner only through this class."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
-from maskgrpo_ray.learner_core import UpdatePlanner
+from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner
 from maskgrpo_ray.settings import RunSettings
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
+ERROR_GRACE_S = 30.0  # after one rank's error, how long the others may take to report theirs
 
 
 def micro_batches_per_rank(
@@ -95,25 +100,25 @@ class LearnerGroup:
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """One update on all ranks (``learner_core.apply_update`` each), planned once here."""
         plan = self.planner.plan(self.version)
-        k = len(plan.train_steps)
+        k = plan.units_per_pass
         pairs = batch.num_samples * k
         # each rank is sent only its own groups: the shards are cut here, before ray.put
         shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
         per_rank = micro_batches_per_rank(shards, k, self.settings.update.micro_batch_pairs)
         calls = max(max(per_rank), 1)
-        outs = ray.get(
+        outs = self.gather(
             [
                 w.update.remote(ray.put(shard), plan, pairs / self.world_size, calls)
                 for w, shard in zip(self.workers, shards, strict=True)
             ],
-            timeout=self.timeout_s,
+            "update",
         )
         self.version += 1
         return reduce_rank_metrics(outs)
 
     def trained_bytes(self) -> int:
         """Bytes of the tensors a weight sync sends (counted on rank 0, nothing copied)."""
-        return int(ray.get(self.workers[0].trained_nbytes.remote(), timeout=self.timeout_s))
+        return int(self.gather([self.workers[0].trained_nbytes.remote()], "a size query")[0])
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to the trained tensors (rank 0's; all ranks under ZeRO-3)."""
@@ -127,17 +132,108 @@ class LearnerGroup:
         return ray.get([w.trained_state.remote() for w in self.workers], timeout=self.timeout_s)
 
     def save(self, folder: str) -> None:
-        """A DeepSpeed checkpoint of every rank under ``folder`` (a filesystem all ranks see)."""
-        ray.get([w.save.remote(folder) for w in self.workers], timeout=self.timeout_s)
+        """Every rank's DeepSpeed checkpoint files under ``folder`` on the driver's machine.
+
+        Each rank writes on its own node and hands the files back as object-store chunks
+        (``LearnerWorker.save``); they are written here one chunk at a time, so the driver
+        holds at most one chunk in memory. A file two ranks both wrote must be identical.
+        """
+        root = Path(folder)
+        per_rank = self.gather([w.save.remote() for w in self.workers], "a checkpoint save")
+        digests: dict[str, str] = {}
+        for rank, files in enumerate(per_rank):
+            for rel, chunks in files.items():
+                h = hashlib.sha256()
+                if rel in digests:
+                    for c in chunks:
+                        h.update(ray.get(c, timeout=self.timeout_s))
+                    if h.hexdigest() != digests[rel]:
+                        raise RuntimeError(
+                            f"learner checkpoint: rank {rank} wrote a different {rel} than an "
+                            "earlier rank"
+                        )
+                    continue
+                dest = root / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with dest.open("wb") as fh:
+                    for c in chunks:
+                        data = ray.get(c, timeout=self.timeout_s)
+                        h.update(data)
+                        fh.write(data)
+                digests[rel] = h.hexdigest()
 
     def load(self, folder: str, version: int, step_generator_state: torch.Tensor) -> None:
-        ray.get([w.load.remote(folder) for w in self.workers], timeout=self.timeout_s)
+        """Load :meth:`save`'s files from ``folder`` on the driver's machine into every rank
+        (sent through the object store in chunks; each rank rebuilds them on its own node)."""
+        from maskgrpo_ray.learner.worker import CHECKPOINT_CHUNK
+
+        root = Path(folder)
+        files: dict[str, list[ray.ObjectRef]] = {}
+        for f in sorted(p for p in root.rglob("*") if p.is_file()):
+            with f.open("rb") as fh:
+                files[f.relative_to(root).as_posix()] = [
+                    ray.put(chunk) for chunk in iter(lambda: fh.read(CHECKPOINT_CHUNK), b"")
+                ]
+        if not files:
+            raise FileNotFoundError(f"learner checkpoint: no files under {root}")
+        self.gather([w.load.remote(files) for w in self.workers], "a checkpoint load")
         self.version = version
         self.planner.load_state(step_generator_state)
 
-    def shutdown(self) -> None:
-        with contextlib.suppress(Exception):  # best effort on the way out
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
+    def gather(self, refs: list[ray.ObjectRef], during: str) -> list[Any]:
+        """The results of one call per rank (``refs[r]`` from rank ``r``, or from rank 0 alone).
+
+        Raises :class:`LearnerLost` as soon as one rank is found dead (the others may be
+        blocked in a collective with it, so they are not waited for), or when the call outlives
+        ``timeout_s`` (hung). Another error (a bug in the update) is raised as it is.
+        """
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        pending, error = list(refs), None
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            left = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0.0))
+            if not ready and error is not None:
+                break  # one rank failed, the others hang in a collective with it: its error
+            if not ready:
+                raise LearnerLost(index[pending[0]], "hung", during, TimeoutError(self.timeout_s))
+            try:
+                ray.get(ready[0], timeout=self.timeout_s)
+            except RayActorError as err:
+                raise LearnerLost(index[ready[0]], "died", during, err) from err
+            except GetTimeoutError as err:
+                raise LearnerLost(index[ready[0]], "hung", during, err) from err
+            except Exception as err:  # noqa: BLE001 - a rank's own error: wait for a dead peer
+                error = error or err  # a peer's collective error; give the others a moment
+                deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
+        if error is not None:
+            raise error
+        return ray.get(list(refs), timeout=self.timeout_s)
+
+    def dead_ranks(self, timeout_s: float = 30.0) -> list[int]:
+        """Ranks that do not answer a ping within ``timeout_s`` (dead or hung)."""
+        refs = [w.ping.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for rank, ref in enumerate(refs):
+            try:
+                if ref not in ready:
+                    raise GetTimeoutError(f"rank {rank} did not answer within {timeout_s} s")
+                ray.get(ref)
+            except (RayActorError, GetTimeoutError):
+                dead.append(rank)
+        return dead
+
+    def pids(self) -> list[int]:
+        """Each rank's process id (what an operator or a fault drill signals)."""
+        return [int(p) for p in self.gather([w.pid.remote() for w in self.workers], "pid")]
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Leave the process group and end the ranks; ``graceful=False`` (a rank is lost: the
+        others may be stuck in a collective) only kills them."""
+        if graceful:
+            with contextlib.suppress(Exception):  # best effort on the way out
+                ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
         for w in self.workers:
             ray.kill(w)
         if self.pg is not None:

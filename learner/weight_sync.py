@@ -23,6 +23,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.learner.group import LearnerGroup
+from maskgrpo_ray.learner_core import LearnerLost
 
 
 @dataclass
@@ -68,4 +69,15 @@ class ObjectStoreSync(WeightSync):
                     raise RuntimeError(f"rollout actor acknowledged version {got}, not {version}")
             except RayActorError:
                 failed.append(t)
+            except Exception as err:  # the weights' own error: a learner lost mid-sync?
+                _raise_if_learner_lost(learner, err)
+                raise
+        if failed:  # dead targets, or a dead learner whose weights never reached them
+            _raise_if_learner_lost(learner, None)
         return SyncReport(time.perf_counter() - t0, self._bytes, version, failed)
+
+
+def _raise_if_learner_lost(learner: LearnerGroup, cause: BaseException | None) -> None:
+    dead = learner.dead_ranks()
+    if dead:
+        raise LearnerLost(dead[0], "died", "the weight sync", cause)

@@ -41,6 +41,8 @@ from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
+CHECKPOINT_CHUNK = 64 << 20  # bytes per object-store chunk of a checkpoint file
+
 
 def clips_in_hook(learner: LearnerSettings) -> bool:
     """Plain fp32 data parallel (ZeRO stage 0): we clip in an optimizer pre-step hook, where
@@ -214,12 +216,38 @@ class LearnerWorker:
             num_backward=num_backward,
         )
 
-    def save(self, folder: str) -> None:
-        """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions); every rank calls it."""
-        self.engine.save_checkpoint(folder, tag="learner")
+    def save(self) -> dict[str, list[ray.ObjectRef]]:
+        """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions) of this rank, as object
+        store chunks: ``{relative path: [chunk refs]}``. Every rank calls it. The files are
+        written to a temporary folder on this rank's node and removed; the chunks reach the
+        driver through the object store, so no filesystem has to be shared between nodes."""
+        import tempfile
+        from pathlib import Path
 
-    def load(self, folder: str) -> None:
-        self.engine.load_checkpoint(folder, tag="learner")
+        with tempfile.TemporaryDirectory(prefix="maskgrpo-learner-") as tmp:
+            self.engine.save_checkpoint(tmp, tag="learner")
+            out: dict[str, list[ray.ObjectRef]] = {}
+            for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
+                with f.open("rb") as fh:
+                    out[f.relative_to(tmp).as_posix()] = [
+                        ray.put(chunk) for chunk in iter(lambda: fh.read(CHECKPOINT_CHUNK), b"")
+                    ]
+        return out
+
+    def load(self, files: dict[str, list[ray.ObjectRef]]) -> None:
+        """Load the checkpoint whose files :meth:`save` (of all ranks) returned, rebuilt in a
+        temporary folder on this rank's node; every rank calls it."""
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="maskgrpo-learner-") as tmp:
+            for rel, chunks in files.items():
+                dest = Path(tmp) / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with dest.open("wb") as fh:
+                    for ref in chunks:
+                        fh.write(ray.get(ref))
+            self.engine.load_checkpoint(tmp, tag="learner")
         self.engine.module.eval()
 
     def trained_nbytes(self) -> int:
@@ -242,6 +270,13 @@ class LearnerWorker:
             with deepspeed.zero.GatheredParameters([p for _, p in params]):
                 return {n: p.detach().float().cpu().clone() for n, p in params}
         return {n: p.detach().cpu().clone() for n, p in params}
+
+    def ping(self) -> int:
+        return self.rank
+
+    def pid(self) -> int:
+        """The rank's process id (what an operator or a fault drill signals)."""
+        return os.getpid()
 
     def shutdown(self) -> None:
         """Leave the process group cleanly (a barrier first, or gloo may abort)."""

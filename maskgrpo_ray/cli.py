@@ -6,14 +6,17 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from maskgrpo_ray.checkpoint import latest_checkpoint
+from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config, ConfigError, load_config
+from maskgrpo_ray.driver import RunFailed
+from maskgrpo_ray.storage import CheckpointError
 
 log = logging.getLogger("maskgrpo")
 
@@ -34,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", default=None, help="where outputs go (default: runs/<name>-<time>)")
     t.add_argument(
         "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue RUN_DIR from its latest checkpoint, with its saved config",
+        default="auto",
+        metavar="RUN_DIR|auto",
+        help="RUN_DIR: continue RUN_DIR from its latest valid checkpoint, with its saved config "
+        "(an error if it has none); auto (the default): resume when the run's checkpoint "
+        "location (run.storage, else RUN_DIR/checkpoints) holds one, else start from step 0",
     )
     t.add_argument(
         "--backend",
@@ -73,6 +78,22 @@ def resolve_run_dir(cfg: Config, arg: str | None) -> Path:
     if cfg.run.run_dir:
         return Path(cfg.run.run_dir)
     return Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def find_checkpoint(
+    cfg: Config, run_dir: Path, scratch: Path, required: bool
+) -> tuple[Path | None, str]:
+    """The run's newest valid checkpoint as a local folder (None: start from step 0), and
+    where it is. Raises ConfigError when ``required`` and there is none, CheckpointError when
+    the location holds checkpoints but none is valid."""
+    store = run_store(cfg.run, run_dir)
+    folder = store.fetch_valid(scratch)
+    if folder is None and required:
+        raise ConfigError(
+            f"--resume {run_dir}: no complete checkpoint at {store.location} (set "
+            "run.checkpoint_every_steps > 0 in the run, or drop --resume to start from step 0)"
+        )
+    return folder, store.location
 
 
 def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
@@ -186,17 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if getattr(args, "backend", None):
         overrides.append(f"run.backend={args.backend}")
-    resume_from = None
+    resume = getattr(args, "resume", None)
+    resume_dir = None if resume in (None, "auto") else Path(resume)
     try:
-        if getattr(args, "resume", None):
-            run_dir = Path(args.resume)
-            resume_from = latest_checkpoint(run_dir)
-            if resume_from is None:
+        if resume_dir is not None:
+            saved = resume_dir / "config.yaml"
+            if args.config is None and not saved.exists():
                 raise ConfigError(
-                    f"--resume {run_dir}: no complete checkpoint under "
-                    f"{run_dir}/checkpoints (set run.checkpoint_every_steps)"
+                    f"--resume {resume_dir}: no complete checkpoint there ({saved} is missing "
+                    "too: is it a run directory?); pass the run directory a run wrote"
                 )
-            cfg = load_config(args.config or run_dir / "config.yaml", overrides)
+            cfg = load_config(args.config or saved, overrides)
         else:
             cfg = load_config(args.config, overrides)
     except (ConfigError, FileNotFoundError) as err:
@@ -205,10 +226,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
-    if resume_from is None:
-        run_dir = resolve_run_dir(cfg, args.run_dir)
-    summary = run_train(cfg, run_dir, resume_from)
+    run_dir = resume_dir or resolve_run_dir(cfg, args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".resume-", dir=run_dir) as scratch:
+        try:
+            resume_from, where = find_checkpoint(
+                cfg, run_dir, Path(scratch), required=resume_dir is not None
+            )
+        except (ConfigError, CheckpointError) as err:
+            print(f"maskgrpo: {err}", file=sys.stderr)
+            return 2
+        if resume_from is None:
+            log.info("no checkpoint at %s: starting %s from step 0", where, run_dir)
+        else:
+            log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
+        try:
+            summary = run_train(cfg, run_dir, resume_from)
+        except RunFailed as err:
+            print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
+            return 1
     print(json.dumps(summary, indent=2))
+    if not summary.get("completed", True):
+        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
     print(f"run directory: {run_dir}")
     return 0
 

@@ -141,6 +141,22 @@ class RolloutConfig(_Strict):
     prompts_per_chunk: int = Field(
         0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
     )
+    max_restarts: int = Field(
+        8,
+        ge=0,
+        description=(
+            "dead or hung rollout actors replaced (with the current weights) per run; past it "
+            "a lost actor is dropped and the run goes on with fewer"
+        ),
+    )
+    call_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "a generate call running longer is taken as hung: the actor is killed and "
+            "replaced, its chunk re-issued; 0: the executor's timeout (600 s)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _group(self) -> RolloutConfig:
@@ -178,6 +194,15 @@ class ForwardEstimatorConfig(_Strict):
         description=(
             "log-prob of a draw: 'mean' or 'sum' over its masked tokens ('sum' moves the ratio "
             "out of the clip band far sooner at hundreds of tokens)"
+        ),
+    )
+
+    draws_per_update: Literal["all", "one"] = Field(
+        "all",
+        description=(
+            "'all': every inner update (train.updates_per_batch) scores all K draws; 'one': "
+            "inner update i scores draw i mod K only, one mask ratio per inner iteration as "
+            "MaskGRPO on MMaDA (set updates_per_batch to a multiple of mask_draws)"
         ),
     )
 
@@ -228,6 +253,17 @@ class RewardConfig(_Strict):
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per reward actor")
+    max_restarts: int = Field(
+        8, ge=0, description="dead or hung reward actors replaced per run; past it, dropped"
+    )
+    call_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "a score call running longer is taken as hung: the actor is killed and replaced, "
+            "the chunk re-scored; 0: the executor's timeout (600 s)"
+        ),
+    )
 
 
 class FilterConfig(_Strict):
@@ -392,7 +428,68 @@ class RunConfig(_Strict):
     checkpoint_every_steps: int = Field(
         0, ge=0, description="driver steps between checkpoints; 0: none"
     )
-    keep_checkpoints: int = Field(2, ge=1, description="most recent checkpoints kept on disk")
+    keep_checkpoints: int = Field(
+        2,
+        ge=1,
+        description="most recent checkpoints kept; 2 or more lets a resume skip a corrupt one",
+    )
+    storage: str | None = Field(
+        None,
+        description=(
+            "where checkpoints go, one location per run that the driver reaches: a local/NFS path "
+            "or an fsspec URL such as s3://bucket/prefix/run (credentials and endpoint from the "
+            "standard environment, e.g. AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL); a run started "
+            "with a location that holds checkpoints resumes from them; None: {run_dir}/checkpoints"
+        ),
+    )
+    storage_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description=(
+            "extra options of run.storage's fsspec filesystem, e.g. {endpoint_url: ..., "
+            "requester_pays: true} for S3; no credentials (this config is saved in the run folder)"
+        ),
+    )
+    max_learner_restarts: int = Field(
+        2,
+        ge=0,
+        description=(
+            "a lost learner rank (dead or hung) makes the run restore a new learner group and "
+            "itself from the newest checkpoint, in the same job, this many times per run; past "
+            "it, or with no checkpoint, the run exits non-zero naming the checkpoint"
+        ),
+    )
+    preemption_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "on SIGTERM/SIGINT the driver finishes the current step (abandons it if the grace "
+            "would run out), writes a checkpoint and exits 0 within this many seconds; give "
+            "Kubernetes terminationGracePeriodSeconds and RAY_JOB_STOP_WAIT_TIME_S more"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _storage(self) -> RunConfig:
+        if self.storage is not None and "://" in self.storage:
+            import fsspec
+
+            protocol = self.storage.split("://", 1)[0]
+            if protocol not in fsspec.available_protocols():
+                raise ValueError(
+                    f"run.storage={self.storage!r}: fsspec knows no protocol {protocol!r}; use a "
+                    "path or a URL such as s3://bucket/prefix (see fsspec.available_protocols())"
+                )
+        secret = sorted(k for k in self.storage_options if k.lower() in _SECRET_OPTIONS)
+        if secret:
+            raise ValueError(
+                f"run.storage_options has {secret}: credentials do not belong in the config (it "
+                "is saved as config.yaml in the run folder); set them in the environment "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE)"
+            )
+        return self
+
+
+_SECRET_OPTIONS = {"key", "secret", "token", "password", "session_token", "access_key"}
 
 
 class Config(_Strict):
@@ -438,6 +535,14 @@ class Config(_Strict):
                 f"likelihood.forward.mask_draws={fwd.mask_draws} with mask_ratios 'step_focus': "
                 f"it picks that many of the rollout.unmasking_steps={steps} steps; lower "
                 "mask_draws or raise unmasking_steps"
+            )
+        one = est == "forward" and fwd.draws_per_update == "one"
+        if one and t.updates_per_batch < fwd.mask_draws:
+            raise ValueError(
+                f"likelihood.forward.draws_per_update='one' with train.updates_per_batch="
+                f"{t.updates_per_batch} < mask_draws={fwd.mask_draws}: inner update i scores "
+                "draw i mod K, so some draws would never be trained; raise updates_per_batch "
+                "to a multiple of mask_draws or lower mask_draws"
             )
         ro = self.rollout
         if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":

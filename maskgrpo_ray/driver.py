@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,8 +20,9 @@ from typing import Any, Protocol
 
 import torch
 
-from maskgrpo_ray.checkpoint import save_checkpoint
+from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
 from maskgrpo_ray.phases import (
     FilterResult,
@@ -55,6 +59,9 @@ class Executor(Protocol):
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote."""
+
+    def restart_learner(self, lost: Exception) -> None:
+        """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it."""
 
     def shutdown(self) -> None: ...
 
@@ -180,7 +187,9 @@ def run_step(
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
         row["groups_trained"] = float(keep.sum())
+        row["prompts_trained"] = list(col.kept.rollout.prompt_indices)  # per-prompt accounting
     else:
+        row["prompts_trained"] = []
         row["groups_trained"] = 0.0
         log.warning("step %d: no group survived scoring and filtering; update skipped", step)
     row.update(ex.filter_stats())
@@ -228,6 +237,9 @@ def _save(
     base: dict[str, float],
     totals: dict[str, float],
 ) -> None:
+    """Stage the checkpoint in a local folder (executor files + ``driver.pt``) and publish it
+    to the run's storage (``run.storage``, else ``run_dir/checkpoints``) with its manifest."""
+
     def write(folder: Path) -> None:
         ex.save(folder)
         torch.save(
@@ -235,12 +247,14 @@ def _save(
             folder / "driver.pt",
         )
 
-    path = save_checkpoint(run_dir, next_step, write, cfg.run.keep_checkpoints)
-    log.info("checkpoint %s", path)
+    where = run_store(cfg.run, run_dir).save(next_step, write, cfg.run.keep_checkpoints)
+    log.info("checkpoint %s", where)
 
 
 def _restore(ex: Executor, stream: Any, runlog: RunLog, folder: Path) -> tuple[int, dict, dict]:
-    """Executor, prompt stream and driver counters from a checkpoint: (next step, base, totals)."""
+    """Executor, prompt stream and driver counters from a checkpoint: (next step, base, totals).
+
+    ``folder`` is a local, verified copy (``CheckpointStore.fetch_valid``)."""
     state = torch.load(folder / "driver.pt", weights_only=True)
     ex.load(folder)
     stream.load_state_dict(state["stream"])
@@ -248,6 +262,148 @@ def _restore(ex: Executor, stream: Any, runlog: RunLog, folder: Path) -> tuple[i
     runlog.truncate_from(start_step)
     log.info("resumed from %s at step %d", folder, start_step)
     return start_step, dict(state["base"]), dict(state["totals"])
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on by itself; the message names the checkpoint and the command that
+    resumes it (the CLI exits non-zero with it)."""
+
+
+def _recover_learner(
+    cfg: Config,
+    ex: Executor,
+    run_dir: Path,
+    stream: Any,
+    runlog: RunLog,
+    lost: LearnerLost,
+    attempt: int,
+) -> tuple[int, dict, dict]:
+    """After a lost learner rank: a new learner group, and the executor, the prompt stream, the
+    driver's counters and ``metrics.jsonl`` rolled back to the newest valid checkpoint
+    (``_restore``). The steps after it run again, so none is lost or trained twice. Bounded by
+    ``run.max_learner_restarts``; past it, or with no checkpoint, :class:`RunFailed`."""
+    store = run_store(cfg.run, run_dir)
+    resume = f"maskgrpo train --resume {run_dir}"
+    budget = cfg.run.max_learner_restarts
+    if attempt > budget:
+        newest = store.latest()
+        raise RunFailed(
+            f"{lost}; the learner group was already restored {budget} times "
+            f"(run.max_learner_restarts={budget}). Newest checkpoint: "
+            f"{store.location}/{newest if newest else '(none)'}; resume it with `{resume}` "
+            "once the cause is found (raise run.max_learner_restarts to retry more in-job)"
+        ) from lost
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=".recover-", dir=run_dir) as scratch:
+        folder = store.fetch_valid(Path(scratch))
+        if folder is None:
+            raise RunFailed(
+                f"{lost}; the run has no checkpoint at {store.location} to restore the learner "
+                f"from (run.checkpoint_every_steps={cfg.run.checkpoint_every_steps}): start it "
+                "again with run.checkpoint_every_steps > 0"
+            ) from lost
+        log.warning(
+            "%s: restoring the learner group and the run from checkpoint %s (attempt %d of %d)",
+            lost,
+            folder.name,
+            attempt,
+            budget,
+        )
+        try:
+            ex.restart_learner(lost)
+        except Exception as err:
+            raise RunFailed(
+                f"{lost}; a new learner group could not be started ({err}). Newest checkpoint: "
+                f"{store.location}/{folder.name}; resume it with `{resume}`"
+            ) from err
+        out = _restore(ex, stream, runlog, folder)
+    log.warning(
+        "learner restored in %.1f s; the run continues at step %d", time.monotonic() - t0, out[0]
+    )
+    return out
+
+
+class StepAbandoned(Exception):
+    """Raised in the driver's thread when a preempted step would overrun the grace period."""
+
+
+class Preemption:
+    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps.
+
+    A signal during a step lets the step finish, unless it would leave too little of
+    ``grace_s`` for the checkpoint (the longest save seen so far plus a margin): then a
+    SIGALRM at that moment raises :class:`StepAbandoned` and the step's partial work is
+    dropped (the previous checkpoint stays the resume point). A second signal abandons at once.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.signal_name: str | None = None
+        self.t_signal = 0.0
+        self.save_s = 0.0  # the longest checkpoint write so far
+        self.in_step = False
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def seconds_left(self) -> float:
+        return self.grace_s - (time.monotonic() - self.t_signal)
+
+    def reserve_s(self) -> float:
+        """Time kept back for the checkpoint and the exit."""
+        return self.save_s * 1.5 + min(5.0, 0.1 * self.grace_s)
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("not the main thread: SIGTERM/SIGINT will not stop the run gracefully")
+            return False
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
+        return True
+
+    def uninstall(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self.in_step = True
+        try:
+            yield
+        finally:
+            self.in_step = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested:
+            if self.in_step:
+                log.warning("second %s: abandoning the current step", name)
+                raise StepAbandoned(name)
+            return
+        self.signal_name, self.t_signal = name, time.monotonic()
+        log.warning(
+            "%s received: stopping after the current step, with a checkpoint, within %.0f s "
+            "(run.preemption_grace_seconds)",
+            name,
+            self.grace_s,
+        )
+        if self.in_step:
+            budget = self.seconds_left() - self.reserve_s()
+            if budget <= 0:
+                raise StepAbandoned(name)
+            signal.setitimer(signal.ITIMER_REAL, budget)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.in_step:
+            raise StepAbandoned(self.signal_name or "SIGALRM")
 
 
 def _count(cfg: Config, out: StepOutcome, totals: dict[str, float]) -> None:
@@ -281,6 +437,62 @@ def _summary(
     }
 
 
+def _one_step(
+    cfg: Config,
+    ex: Executor,
+    step: int,
+    stream: Any,
+    eval_prompts: list[str],
+    runlog: RunLog,
+    totals: dict[str, float],
+) -> dict[str, Any]:
+    """One driver step, logged: run it, count it, evaluate and draw samples when due."""
+    last = cfg.train.steps - 1
+    prompts, positions = stream.take(cfg.train.prompts_per_step)
+    out = run_step(ex, cfg, step, prompts, positions)
+    row = out.row
+    _count(cfg, out, totals)
+    every = cfg.eval.every_steps
+    if every and (step + 1) % every == 0 and step < last:
+        row.update(ex.evaluate(eval_prompts))
+    g = cfg.logging.sample_grid_every_steps
+    if g and out.scored is not None and (step % g == 0 or step == last):
+        rb = out.scored.rollout
+        runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
+    runlog.log_step(row)
+    return row
+
+
+def _stop_early(
+    cfg: Config,
+    ex: Executor,
+    run_dir: Path,
+    stream: Any,
+    stop: Preemption,
+    next_step: int,
+    saved_step: int | None,
+    base: dict[str, float],
+    totals: dict[str, float],
+) -> int | None:
+    """After a signal: checkpoint at ``next_step`` unless one is there or time is too short.
+    Returns the step a resume continues at (None: no checkpoint)."""
+    if next_step == saved_step:
+        return saved_step
+    left, need = stop.seconds_left(), stop.reserve_s()
+    if left < need:
+        log.warning(
+            "%s: %.1f s of the grace period left, a checkpoint needs about %.1f s: none written; "
+            "a resume continues at %s",
+            stop.signal_name,
+            left,
+            need,
+            "step 0" if saved_step is None else f"step {saved_step}",
+        )
+        return saved_step
+    _save(cfg, ex, run_dir, next_step, stream, base, totals)
+    return next_step
+
+
 def train(
     cfg: Config,
     ex: Executor,
@@ -292,16 +504,28 @@ def train(
 ) -> dict[str, Any]:
     """The whole run: base eval, the step loop, final eval, ``summary.json``.
 
-    With ``resume_from`` (a checkpoint folder) the executor, the prompt stream and the step
-    counter are restored and the loop continues where the checkpoint was taken.
+    With ``resume_from`` (a local checkpoint folder) the executor, the prompt stream and the
+    step counter are restored and the loop continues where the checkpoint was taken. SIGTERM or
+    SIGINT during the loop stops it at a step boundary (:class:`Preemption`): a checkpoint is
+    written, ``summary.json`` says ``"completed": false`` and the final evaluation is skipped.
     """
     runlog = RunLog(run_dir)
     t_start = time.perf_counter()
     totals = {"samples": 0.0, "train_seconds": 0.0}
     start_step = 0
+    saved_step: int | None = None  # the step the newest checkpoint of this run resumes at
     if resume_from is not None:
         start_step, base, totals = _restore(ex, stream, runlog, resume_from)
+        saved_step = start_step
     else:
+        if runlog.rows:
+            log.warning(
+                "%s holds metrics of %d steps but no checkpoint: starting from step 0, "
+                "dropping them",
+                runlog.path,
+                len(runlog.rows),
+            )
+            runlog.truncate_from(0)
         base = ex.evaluate(eval_prompts)
         log.info("base model: %s", base)
     bar = None
@@ -309,36 +533,81 @@ def train(
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.train.steps, initial=start_step, desc="maskgrpo", unit="step")
-    last = cfg.train.steps - 1
-    for step in range(start_step, cfg.train.steps):
-        prompts, positions = stream.take(cfg.train.prompts_per_step)
-        out = run_step(ex, cfg, step, prompts, positions)
-        row = out.row
-        _count(cfg, out, totals)
-        every = cfg.eval.every_steps
-        if every and (step + 1) % every == 0 and step < last:
-            row.update(ex.evaluate(eval_prompts))
-        g = cfg.logging.sample_grid_every_steps
-        if g and out.scored is not None and (step % g == 0 or step == last):
-            rb = out.scored.rollout
-            runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
-        runlog.log_step(row)
-        ck = cfg.run.checkpoint_every_steps
-        if ck and (step + 1) % ck == 0:
-            _save(cfg, ex, run_dir, step + 1, stream, base, totals)
-        if on_step_end is not None:
-            on_step_end(step, row)
+    stop = Preemption(cfg.run.preemption_grace_seconds)
+    stop.install()
+    step, next_step, abandoned, learner_restarts = start_step, start_step, False, 0
+    try:
+        while step < cfg.train.steps:
+            if stop.requested:
+                break
+            try:
+                with stop.step():
+                    row = _one_step(cfg, ex, step, stream, eval_prompts, runlog, totals)
+                next_step = step + 1
+                ck = cfg.run.checkpoint_every_steps
+                if ck and next_step % ck == 0:
+                    t0 = time.monotonic()
+                    _save(cfg, ex, run_dir, next_step, stream, base, totals)
+                    stop.save_s, saved_step = max(stop.save_s, time.monotonic() - t0), next_step
+            except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
+                learner_restarts += 1
+                step, base, totals = _recover_learner(
+                    cfg, ex, run_dir, stream, runlog, lost, learner_restarts
+                )
+                next_step = saved_step = step
+                if bar is not None:
+                    bar.n = step
+                    bar.refresh()
+                continue
+            if on_step_end is not None:
+                on_step_end(step, row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
+                )
+            step += 1
+    except StepAbandoned:  # its partial work is dropped: no checkpoint of this state
+        abandoned = True
+        log.warning(
+            "%s: step %d abandoned to stay within run.preemption_grace_seconds=%.0f",
+            stop.signal_name,
+            next_step,
+            stop.grace_s,
+        )
+    finally:
+        stop.uninstall()
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
+            bar.close()
+    if stop.requested:
+        resume_at = saved_step
+        if not abandoned:
+            resume_at = _stop_early(
+                cfg, ex, run_dir, stream, stop, next_step, saved_step, base, totals
             )
-    if bar is not None:
-        bar.close()
+        runlog.plot_reward_curve()
+        summary = _summary(cfg, ex, start_step, base, {}, totals, t_start)
+        summary.update(
+            eval_prompts=len(eval_prompts),
+            completed=False,
+            stopped_by=stop.signal_name,
+            steps_done=next_step,
+            resume_step=resume_at,
+        )
+        write_json_atomic(run_dir / "summary.json", summary)
+        log.warning(
+            "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
+            stop.signal_name,
+            stop.grace_s - stop.seconds_left(),
+            next_step,
+            cfg.train.steps,
+        )
+        return summary
     final = ex.evaluate(eval_prompts)
     log.info("tuned model: %s", final)
     runlog.plot_reward_curve()
     summary = _summary(cfg, ex, start_step, base, final, totals, t_start)
     summary["eval_prompts"] = len(eval_prompts)
+    summary["completed"] = True
     write_json_atomic(run_dir / "summary.json", summary)
     return summary

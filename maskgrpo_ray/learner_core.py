@@ -54,12 +54,40 @@ def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImag
     return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
+class LearnerLost(RuntimeError):
+    """A learner rank died (its process or node is gone) or a learner call outlived its
+    deadline (hung). The learner's state is lost: the group must be rebuilt from a checkpoint.
+
+    Attributes:
+        rank: the rank found dead or hung first.
+        why: ``"died"`` or ``"hung"``.
+        during: the learner call that found it (``update``, ``save``, ``weight sync``, ...).
+    """
+
+    def __init__(self, rank: int, why: str, during: str, cause: BaseException | None = None):
+        super().__init__(f"learner rank {rank} {why} during {during}: {cause}")
+        self.rank, self.why, self.during = rank, why, during
+
+
 @dataclass(frozen=True)
 class UpdatePlan:
     """What one update trains: the same on every rank."""
 
-    train_steps: torch.Tensor  # [K] long, unmasking steps trained (computational reduction)
+    train_steps: torch.Tensor  # [K] long, units trained: unmasking steps, or mask draws
     learning_rate: float
+    cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
+
+    @property
+    def units_per_pass(self) -> int:
+        """Units each optimizer update (pass over the batch) trains."""
+        return 1 if self.cycle else len(self.train_steps)
+
+    def units_for_pass(self, i: int) -> torch.Tensor:
+        """The units inner update ``i`` trains: all of them, or one in turn (``cycle``)."""
+        if not self.cycle:
+            return self.train_steps
+        k = i % len(self.train_steps)
+        return self.train_steps[k : k + 1]
 
 
 class UpdatePlanner:
@@ -72,7 +100,7 @@ class UpdatePlanner:
     def plan(self, update: int) -> UpdatePlan:
         s = self.settings
         steps = select_train_steps(s.num_steps, s.step_selection, s.steps_trained, self.generator)
-        return UpdatePlan(steps, learning_rate_at(s, update))
+        return UpdatePlan(steps, learning_rate_at(s, update), s.cycle_units)
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -182,7 +210,7 @@ def apply_update(
         metrics = accumulate_gradients(
             opt.module,
             batch,
-            train_steps=plan.train_steps,
+            train_steps=plan.units_for_pass(i),
             micro_batch=s.micro_batch_pairs,
             clip_low=s.clip_low,
             clip_high=s.clip_high,

@@ -53,6 +53,10 @@ class LocalExecutor:
     def filter(self, scored: ScoredBatch) -> FilterResult:
         return filter_groups(scored, self.filt)
 
+    def restart_learner(self, lost: Exception) -> None:
+        """The learner is this process: it cannot be lost on its own."""
+        raise RuntimeError(f"the local backend has no separate learner to restart ({lost})")
+
     def filter_stats(self) -> dict[str, float]:
         return self.filt.stats() if self.filt is not None else {}
 

@@ -2,15 +2,20 @@
 
 The prompts of a call are cut into chunks; an idle rollout actor takes the next chunk, and each
 finished rollout goes straight on to the least busy reward actor (the object store carries it;
-the driver holds references). A rollout actor that dies mid-chunk is dropped from its pool and
-its chunk re-issued to another with the same seed, so the same samples come back: no group is
-lost and none counted twice. A reward actor that dies has its chunk re-scored elsewhere.
+the driver holds references). A rollout actor that dies mid-chunk, or whose call outlives its
+deadline (hung: it is killed), is healed: the ``heal`` callback replaces it (a fresh actor with
+the current weights, within the run's restart budget) or, past the budget, it is only dropped.
+Its chunk is re-issued with the same seed, so the same samples come back: no group is lost and
+none counted twice (a killed actor's late result can never arrive). A lost reward actor is
+healed the same way and its chunk re-scored.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +51,30 @@ def make_chunks(prompts: list[str], positions: list[int], size: int, seed_of: An
     ]
 
 
+Heal = Callable[[Member, str], "Member | None"]
+"""``(lost member, why: "died" | "hung") -> a ready replacement, or None (dropped only)``."""
+
+
+def drop_only(pool: ActorPool) -> Heal:
+    """The healing of a pool without a restart budget: drop the lost member (kill a hung one)."""
+
+    def heal(member: Member, why: str) -> Member | None:
+        pool.drop(member, kill=why == "hung")
+        return None
+
+    return heal
+
+
 class ChunkScheduler:
-    """Runs chunks through ``rollouts`` then ``rewards``; counts issues and losses."""
+    """Runs chunks through ``rollouts`` then ``rewards``; heals lost actors; counts it all.
+
+    Args:
+        rollouts, rewards: the pools.
+        metrics: the process's Ray metrics.
+        timeout_s: a call's deadline where the role has none of its own.
+        heal_rollout, heal_reward: replace a lost member (default: drop it).
+        rollout_call_s, reward_call_s: a call running longer is hung (0: ``timeout_s``).
+    """
 
     def __init__(
         self,
@@ -55,6 +82,11 @@ class ChunkScheduler:
         rewards: ActorPool,
         metrics: RayMetrics,
         timeout_s: float,
+        *,
+        heal_rollout: Heal | None = None,
+        heal_reward: Heal | None = None,
+        rollout_call_s: float = 0.0,
+        reward_call_s: float = 0.0,
     ) -> None:
         self.rollouts, self.rewards, self.metrics, self.timeout_s = (
             rollouts,
@@ -62,11 +94,17 @@ class ChunkScheduler:
             metrics,
             timeout_s,
         )
+        self.heal_rollout = heal_rollout or drop_only(rollouts)
+        self.heal_reward = heal_reward or drop_only(rewards)
+        self.rollout_call_s = rollout_call_s or timeout_s
+        self.reward_call_s = reward_call_s or timeout_s
         self.counters = {
             "chunks_issued": 0.0,
             "chunks_reissued": 0.0,
+            "chunks_rescored": 0.0,
             "rollout_actors_lost": 0.0,
             "reward_actors_lost": 0.0,
+            "calls_timed_out": 0.0,
         }
         self.chunks_by_actor: dict[int, int] = {}
 
@@ -81,47 +119,89 @@ class ChunkScheduler:
         idle: deque[Member] = deque(self.rollouts.members)
         gen: dict[Any, tuple[Chunk, Member]] = {}
         rew: dict[Any, tuple[Chunk, Any, Member]] = {}
+        deadline: dict[Any, float] = {}  # in-flight call -> monotonic deadline
         load = {m.actor_id: 0 for m in self.rewards.members}
         done: dict[int, ScoredBatch] = {}
 
         def send_to_reward(ch: Chunk, rollout_ref: Any) -> None:
             if not len(self.rewards):
-                raise RuntimeError("every reward actor died")
+                raise RuntimeError(
+                    "every reward actor is lost and the restart budget is spent "
+                    "(reward.max_restarts); raise it or find why they die"
+                )
             ra = min(self.rewards.members, key=lambda m: load.get(m.actor_id, 0))
             load[ra.actor_id] = load.get(ra.actor_id, 0) + 1
-            rew[ra.handle.score.remote(rollout_ref)] = (ch, rollout_ref, ra)
+            ref = ra.handle.score.remote(rollout_ref)
+            rew[ref] = (ch, rollout_ref, ra)
+            deadline[ref] = time.monotonic() + self.reward_call_s
+
+        def rollout_lost(ch: Chunk, ro: Member, why: str) -> None:
+            self.counters["chunks_reissued"] += 1
+            self.metrics.count("maskgrpo_chunks_reissued_total")
+            if any(m is ro for m in self.rollouts.members):  # one call in flight per actor
+                self._lost("rollout", ro, ch, why)
+                fresh = self.heal_rollout(ro, why)
+                if fresh is not None:
+                    idle.append(fresh)
+            pending.appendleft(ch)
+
+        def reward_lost(ch: Chunk, rollout_ref: Any, ra: Member, why: str) -> None:
+            self.counters["chunks_rescored"] += 1
+            if any(m is ra for m in self.rewards.members):  # its other calls are lost too:
+                load.pop(ra.actor_id, None)  # heal it once, on the first of them
+                self._lost("reward", ra, ch, why)
+                fresh = self.heal_reward(ra, why)
+                if fresh is not None:
+                    load[fresh.actor_id] = 0
+            send_to_reward(ch, rollout_ref)
 
         while pending or gen or rew:
             while pending and idle:
                 ro, ch = idle.popleft(), pending.popleft()
-                gen[ro.handle.generate.remote(ch.prompts, ch.positions, ch.seed)] = (ch, ro)
+                ref = ro.handle.generate.remote(ch.prompts, ch.positions, ch.seed)
+                gen[ref] = (ch, ro)
+                deadline[ref] = time.monotonic() + self.rollout_call_s
                 self.counters["chunks_issued"] += 1
             if pending and not gen and not idle:
-                raise RuntimeError("every rollout actor died; no one left to generate")
+                raise RuntimeError(
+                    "every rollout actor is lost and the restart budget is spent "
+                    "(rollout.max_restarts); raise it or find why they die"
+                )
             self._gauge(len(pending), len(gen), len(rew))
-            ready, _ = ray.wait([*gen, *rew], num_returns=1, timeout=self.timeout_s)
-            if not ready:
-                raise TimeoutError(f"no rollout or reward finished within {self.timeout_s} s")
+            wait_s = max(0.0, min(deadline[r] for r in (*gen, *rew)) - time.monotonic())
+            ready, _ = ray.wait([*gen, *rew], num_returns=1, timeout=wait_s)
+            if not ready:  # the earliest deadline passed: those calls are hung
+                now = time.monotonic()
+                for ref in [r for r in (*gen, *rew) if deadline[r] <= now]:
+                    deadline.pop(ref)
+                    self.counters["calls_timed_out"] += 1
+                    if ref in gen:
+                        ch, ro = gen.pop(ref)
+                        rollout_lost(ch, ro, "hung")
+                    else:
+                        ch, rollout_ref, ra = rew.pop(ref)
+                        reward_lost(ch, rollout_ref, ra, "hung")
+                continue
             ref = ready[0]
+            deadline.pop(ref)
             if ref in gen:
                 ch, ro = gen.pop(ref)
-                if self._rollout_failed(ref, ch, ro):
-                    pending.appendleft(ch)
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    rollout_lost(ch, ro, "died")
                     continue
                 idle.append(ro)
                 self.chunks_by_actor[ro.actor_id] = self.chunks_by_actor.get(ro.actor_id, 0) + 1
                 send_to_reward(ch, ref)
             else:
                 ch, rollout_ref, ra = rew.pop(ref)
-                load[ra.actor_id] -= 1
                 try:
                     result = ray.get(ref)
                 except RayActorError:
-                    log.warning("reward actor died; re-scoring chunk %d elsewhere", ch.index)
-                    self.rewards.drop(ra, kill=False)
-                    self.counters["reward_actors_lost"] += 1
-                    send_to_reward(ch, rollout_ref)
+                    reward_lost(ch, rollout_ref, ra, "died")
                     continue
+                load[ra.actor_id] = load.get(ra.actor_id, 1) - 1
                 if ch.index in done:
                     raise RuntimeError(f"chunk {ch.index} finished twice")
                 # the reward actor returns scores only; the rollout comes from the object store
@@ -129,19 +209,16 @@ class ChunkScheduler:
         self._gauge(0, 0, 0)
         return done
 
-    def _rollout_failed(self, ref: Any, ch: Chunk, ro: Member) -> bool:
-        try:
-            ray.get(ref)
-        except RayActorError:
-            log.warning(
-                "rollout actor %d died; re-issuing chunk %d (prompts %s)",
-                ro.actor_id,
-                ch.index,
-                ch.positions,
-            )
-            self.rollouts.drop(ro, kill=False)
-            self.counters["rollout_actors_lost"] += 1
-            self.counters["chunks_reissued"] += 1
-            self.metrics.count("maskgrpo_chunks_reissued_total")
-            return True
-        return False
+    def _lost(self, role: str, member: Member, ch: Chunk, why: str) -> None:
+        """Log and count a lost actor (the chunk goes elsewhere)."""
+        log.warning(
+            "%s actor %d %s (%s); chunk %d (prompts %s) goes to another actor",
+            role,
+            member.actor_id,
+            "died" if why == "died" else "is hung: its call outlived its deadline; killing it",
+            why,
+            ch.index,
+            ch.positions,
+        )
+        self.counters[f"{role}_actors_lost"] += 1
+        self.metrics.count("maskgrpo_actors_lost_total", tags={"role": role, "why": why})

@@ -12,6 +12,7 @@ Actors may be added or removed between steps.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ray.exceptions import RayActorError
 from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
 from maskgrpo_ray.actors.control import start_control_actor
 from maskgrpo_ray.actors.filter import RemoteFilterActor
-from maskgrpo_ray.actors.pool import ActorPool
+from maskgrpo_ray.actors.pool import ActorPool, Member
 from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.actors.rollout import RemoteRolloutActor
 from maskgrpo_ray.config import Config
@@ -37,6 +38,7 @@ from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
+FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails
 
 
 class RayExecutor:
@@ -109,7 +111,22 @@ class RayExecutor:
         self.rollouts.wait_ready(self.rollouts.members)
         self.rewards.wait_ready(self.rewards.members)
         ray.get(self.filter_actor.ready.remote(), timeout=timeout_s)
-        self.scheduler = ChunkScheduler(self.rollouts, self.rewards, self.metrics, timeout_s)
+        self._filter_snapshot: dict[str, Any] = self.filter_state()
+        self.restarts = {"rollout": 0, "reward": 0}
+        self.last_recovery_s = 0.0
+        # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
+        # and healed, for operators' logs and the fault drill (bench/fault_drill.py)
+        self.events: list[tuple[float, str, str]] = []
+        self.scheduler = ChunkScheduler(
+            self.rollouts,
+            self.rewards,
+            self.metrics,
+            timeout_s,
+            heal_rollout=lambda m, why: self._heal("rollout", m, why),
+            heal_reward=lambda m, why: self._heal("reward", m, why),
+            rollout_call_s=s.rollout_healing.call_timeout_s,
+            reward_call_s=s.reward_healing.call_timeout_s,
+        )
         self.sync = weight_sync or ObjectStoreSync(timeout_s)
         self.sync.attach(self.learner, self.rollouts.handles())
         self.sync_weights()  # version 0: every replica starts from the learner's weights
@@ -129,6 +146,85 @@ class RayExecutor:
     @property
     def chunks_by_actor(self) -> dict[int, int]:
         return self.scheduler.chunks_by_actor
+
+    def _heal(self, role: str, member: Member, why: str) -> Member | None:
+        """Replace a lost rollout or reward actor within the run's restart budget.
+
+        The lost one is dropped (killed when hung, so a late result can never arrive); a fresh
+        one is started and, for a rollout actor, given the learner's current weights before it
+        takes work. Past ``max_restarts`` the actor is only dropped and the run goes on with
+        fewer (the scheduler fails the call when none is left). Returns the replacement.
+        """
+        self.events.append((time.monotonic(), role, "lost"))
+        pool = self.rollouts if role == "rollout" else self.rewards
+        healing = (
+            self.settings.rollout_healing if role == "rollout" else self.settings.reward_healing
+        )
+        pool.drop(member, kill=why == "hung")
+        if role == "rollout":
+            self.sync.attach(self.learner, self.rollouts.handles())
+        if self.restarts[role] >= healing.max_restarts:
+            log.warning(
+                "%s actor %d not replaced: the restart budget (%s.max_restarts=%d) is spent; "
+                "going on with %d",
+                role,
+                member.actor_id,
+                role,
+                healing.max_restarts,
+                len(pool),
+            )
+            return None
+        self.restarts[role] += 1
+        t0 = time.perf_counter()
+        try:
+            fresh = pool.grow()
+            if role == "rollout":
+                self.sync.attach(self.learner, self.rollouts.handles())
+                rep = self.sync.push(self.learner, [fresh.handle], self.policy_version)
+                if rep.failed:
+                    raise RuntimeError("the replacement died while receiving weights")
+        except (RayActorError, RuntimeError, TimeoutError, ray.exceptions.GetTimeoutError) as err:
+            log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
+            return None
+        self.last_recovery_s = time.perf_counter() - t0
+        self.events.append((time.monotonic(), role, "replaced"))
+        self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": role})
+        self.metrics.gauge("maskgrpo_actor_recovery_seconds", self.last_recovery_s)
+        self.metrics.gauge(f"maskgrpo_{role}_actors", len(pool))
+        log.warning(
+            "%s actor %d (%s) replaced by actor %d%s in %.1f s (restart %d of %d)",
+            role,
+            member.actor_id,
+            why,
+            fresh.actor_id,
+            f" with weights version {self.policy_version}" if role == "rollout" else "",
+            self.last_recovery_s,
+            self.restarts[role],
+            healing.max_restarts,
+        )
+        return fresh
+
+    def restart_learner(self, lost: Exception) -> None:
+        """Replace the whole learner group after ``lost`` (its state is gone): the old ranks
+        are killed (survivors may be stuck in a collective with the lost one) and a new group
+        is started with the base weights. The caller restores it from a checkpoint
+        (:meth:`load`), which also re-syncs the rollout actors."""
+        self.events.append((time.monotonic(), "learner", "lost"))
+        t0 = time.perf_counter()
+        log.warning("%s: killing the learner group and starting a new one", lost)
+        self.learner.shutdown(graceful=False)
+        self.learner = LearnerGroup(self.settings, self.timeout_s)
+        self.sync.attach(self.learner, self.rollouts.handles())
+        self.counters["learner_restarts"] = self.counters.get("learner_restarts", 0.0) + 1
+        self.metrics.count(
+            "maskgrpo_actors_lost_total",
+            tags={"role": "learner", "why": getattr(lost, "why", "died")},
+        )
+        self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "learner"})
+        self.last_recovery_s = time.perf_counter() - t0
+
+    def learner_pids(self) -> list[int]:
+        return self.learner.pids()
 
     def add_rollout_actor(self) -> int:
         """Start one more rollout actor (between steps) with the current weights; its id."""
@@ -181,8 +277,32 @@ class RayExecutor:
         return _merge([done[i] for i in sorted(done)])
 
     def filter(self, scored: ScoredBatch) -> FilterResult:
-        ref = self.filter_actor.filter.remote(scored.rewards, scored.rollout.group_size)
-        return ray.get(ref, timeout=self.timeout_s)
+        """The filter actor's decision; a filter actor that dies is restarted from the state
+        after its last decision and asked again, so the decisions are those of a run without
+        the crash."""
+        args = (scored.rewards, scored.rollout.group_size)
+        for _ in range(FILTER_ATTEMPTS):
+            try:
+                ref = self.filter_actor.filter_and_state.remote(*args)
+                res, self._filter_snapshot = ray.get(ref, timeout=self.timeout_s)
+                return res
+            except RayActorError:
+                self._restart_filter()
+        raise RuntimeError(f"the filter actor died {FILTER_ATTEMPTS} times on one call")
+
+    def _restart_filter(self) -> None:
+        self.events.append((time.monotonic(), "filter", "lost"))
+        t0 = time.perf_counter()
+        log.warning("the filter actor died; restarting it from its last decision's state")
+        self.counters["filter_actors_lost"] = self.counters.get("filter_actors_lost", 0.0) + 1
+        self.metrics.count("maskgrpo_actors_lost_total", tags={"role": "filter", "why": "died"})
+        self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(self.settings.filter)
+        ray.get(
+            self.filter_actor.load_state_dict.remote(self._filter_snapshot), timeout=self.timeout_s
+        )
+        self.last_recovery_s = time.perf_counter() - t0
+        self.events.append((time.monotonic(), "filter", "replaced"))
+        self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "filter"})
 
     def filter_stats(self) -> dict[str, float]:
         return ray.get(self.filter_actor.stats.remote(), timeout=self.timeout_s)
@@ -192,6 +312,7 @@ class RayExecutor:
 
     def load_filter_state(self, state: dict[str, Any]) -> None:
         ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
+        self._filter_snapshot = state
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         metrics = self.learner.update(batch)
@@ -204,13 +325,17 @@ class RayExecutor:
         rep = self.sync.push(self.learner, self.rollouts.handles(), self.learner.version)
         for handle in rep.failed:
             member = self.rollouts.by_handle(handle)
-            log.warning("rollout actor %d died during the weight sync; dropped", member.actor_id)
-            self.rollouts.drop(member, kill=False)
+            log.warning("rollout actor %d died during the weight sync", member.actor_id)
             self.counters["rollout_actors_lost"] += 1
-        if rep.failed:
-            self.sync.attach(self.learner, self.rollouts.handles())
+            self.metrics.count(
+                "maskgrpo_actors_lost_total", tags={"role": "rollout", "why": "died"}
+            )
+            self._heal("rollout", member, "died")  # a replacement gets this version's weights
         if not len(self.rollouts):
-            raise RuntimeError("every rollout actor died")
+            raise RuntimeError(
+                "every rollout actor is lost and the restart budget is spent "
+                "(rollout.max_restarts); raise it or find why they die"
+            )
         self.last_sync_bytes = rep.bytes_per_target
         self.metrics.observe("maskgrpo_weight_sync_seconds", rep.seconds)
         self.metrics.gauge("maskgrpo_weight_bytes", rep.bytes_per_target)
@@ -219,18 +344,22 @@ class RayExecutor:
 
     def evaluate(self, prompts: list[str]) -> dict[str, float]:
         """Held-out evaluation on one rollout actor (fixed seeds, as the local trainer)."""
-        for member in list(self.rollouts.members):
+        while len(self.rollouts):
+            member = self.rollouts.members[0]
             try:
                 return ray.get(member.handle.evaluate.remote(prompts), timeout=self.timeout_s)
             except RayActorError:
-                self.rollouts.drop(member, kill=False)
                 self.counters["rollout_actors_lost"] += 1
-        raise RuntimeError("every rollout actor died")
+                self._heal("rollout", member, "died")
+        raise RuntimeError("every rollout actor is lost and the restart budget is spent")
 
     def extra_metrics(self) -> dict[str, float]:
         out = dict(self.counters)
         out["rollout_actors"] = float(len(self.rollouts))
         out["reward_actors"] = float(len(self.rewards))
+        out["rollout_actor_restarts"] = float(self.restarts["rollout"])
+        out["reward_actor_restarts"] = float(self.restarts["reward"])
+        out["actor_recovery_seconds"] = self.last_recovery_s
         out["learner_world_size"] = float(self.learner.world_size)
         out["weight_sync_bytes"] = float(self.last_sync_bytes)
         return out
@@ -238,7 +367,8 @@ class RayExecutor:
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, folder: Path) -> None:
-        """Learner (DeepSpeed checkpoint, all ranks), filter state, version, RNG streams."""
+        """Learner (DeepSpeed checkpoint of all ranks, brought to ``folder`` on the driver's
+        machine through the object store), filter state, version, RNG streams."""
         self.learner.save(str((folder / "learner").resolve()))
         torch.save(
             {
@@ -261,6 +391,7 @@ class RayExecutor:
         self._calls_this_version = 0
         self.load_filter_state(state["filter"])
         self.sync_weights()
+        self.events.append((time.monotonic(), "learner", "restored"))
 
     # ------------------------------------------------------------------ live control
 

@@ -32,6 +32,8 @@ GAUGES = {
     "maskgrpo_queue_inflight_rollouts": "chunks being generated",
     "maskgrpo_queue_inflight_rewards": "chunks being scored",
     "maskgrpo_weight_bytes": "bytes moved per weight sync (per rollout actor)",
+    "maskgrpo_reward_actors": "live reward actors",
+    "maskgrpo_actor_recovery_seconds": "seconds the last actor replacement took (start + weights)",
 }
 COUNTERS = {
     "maskgrpo_steps_total": "training steps finished",
@@ -40,8 +42,14 @@ COUNTERS = {
     "maskgrpo_groups_invalid_total": "groups skipped for a NaN or failed reward",
     "maskgrpo_chunks_reissued_total": "prompt chunks re-issued after a rollout actor died",
     "maskgrpo_reward_failures_total": "samples whose reward component score was lost, by component and kind (raised, nonfinite, bad_shape)",
+    "maskgrpo_actors_lost_total": "rollout, reward or filter actors lost, by role and why (died, hung)",
+    "maskgrpo_actor_restarts_total": "lost actors replaced by a fresh one, by role",
 }
-COUNTER_TAGS = {"maskgrpo_reward_failures_total": ("component", "kind")}
+COUNTER_TAGS = {
+    "maskgrpo_reward_failures_total": ("component", "kind"),
+    "maskgrpo_actors_lost_total": ("role", "why"),
+    "maskgrpo_actor_restarts_total": ("role",),
+}
 HISTOGRAMS = {
     "maskgrpo_phase_seconds": ("latency of a driver phase", ("phase",)),
     "maskgrpo_weight_sync_seconds": ("learner -> rollout weight sync latency", ()),

@@ -71,6 +71,7 @@ class UpdateSettings:
     weight_decay: float
     adam_betas: tuple[float, float]
     seed: int  # the run's seed; the step-selection stream is seeded from it
+    cycle_units: bool = False  # inner update i trains unit i mod U only (forward: one draw)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,14 @@ class ActorResources:
 
 
 @dataclass(frozen=True)
+class PoolHealing:
+    """How a pool of replicas heals: replacements per run, and when a call counts as hung."""
+
+    max_restarts: int
+    call_timeout_s: float  # 0: the executor's timeout
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """All roles' settings of one run."""
 
@@ -119,6 +128,8 @@ class RunSettings:
     filter: FilterSettings
     rollout_resources: ActorResources
     reward_resources: ActorResources
+    rollout_healing: PoolHealing
+    reward_healing: PoolHealing
 
 
 def _forward_settings(cfg: Config) -> ForwardSettings | None:
@@ -181,6 +192,7 @@ def settings_from_config(cfg: Config) -> RunSettings:
         weight_decay=t.weight_decay,
         adam_betas=t.adam_betas,
         seed=cfg.run.seed,
+        cycle_units=forward is not None and cfg.likelihood.forward.draws_per_update == "one",
     )
     learner = LearnerSettings(
         num_workers=lc.num_workers,
@@ -207,4 +219,6 @@ def settings_from_config(cfg: Config) -> RunSettings:
         reward_resources=ActorResources(
             cfg.reward.num_cpus_per_actor, cfg.reward.num_gpus_per_actor
         ),
+        rollout_healing=PoolHealing(r.max_restarts, r.call_timeout_seconds),
+        reward_healing=PoolHealing(cfg.reward.max_restarts, cfg.reward.call_timeout_seconds),
     )

@@ -339,3 +339,55 @@ def test_settings_route_the_forward_estimator():
     assert s.update.num_steps == 3 and s.rollout.sampler == "ancestral"
     assert s.eval.sampler == "ancestral"
     assert settings_from_config(load_config("configs/toy.yaml")).rollout.forward is None
+
+
+def test_one_draw_per_inner_update_equals_updates_on_each_draw_in_turn():
+    """``draws_per_update: one`` (MaskGRPO's one mask ratio per inner iteration): inner update
+    i trains draw i mod K only; four updates equal four by-hand updates on draws 0, 1, 0, 1."""
+    from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlanner, apply_update
+
+    cfg = load_config(
+        "configs/toy.yaml",
+        [
+            "likelihood.estimator=forward",
+            "likelihood.forward.mask_draws=2",
+            "likelihood.forward.draws_per_update=one",
+            "train.updates_per_batch=4",
+            "train.warmup_updates=0",
+            "train.grad_clip_norm=0",
+        ],
+    )
+    s = settings_from_config(cfg).update
+    plan = UpdatePlanner(s).plan(0)
+    assert plan.units_per_pass == 1
+    assert [plan.units_for_pass(i).tolist() for i in range(4)] == [[0], [1], [0], [1]]
+    policy = _toy()
+    _, batch = _forward_batch(policy, _forward(k=2))
+    by_hand = copy.deepcopy(policy).train()
+    apply_update(
+        TorchOptimizing(policy, torch.optim.SGD(policy.parameters(), lr=1.0), 0.0), batch, plan, s
+    )
+    sgd = torch.optim.SGD(by_hand.parameters(), lr=plan.learning_rate)
+    for k in (0, 1, 0, 1):
+        sgd.zero_grad()
+        accumulate_gradients(
+            by_hand,
+            batch,
+            train_steps=torch.tensor([k]),
+            micro_batch=s.micro_batch_pairs,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            guards=s.guards,
+        )
+        sgd.step()
+    for a, b in zip(policy.parameters(), by_hand.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match="draws_per_update='one'"):
+        load_config(
+            "configs/toy.yaml",
+            [
+                "likelihood.estimator=forward",
+                "likelihood.forward.draws_per_update=one",
+                "train.updates_per_batch=2",
+            ],
+        )

@@ -139,6 +139,7 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     crashed = ex.generate_and_score(prompts, positions)
     assert ex.counters["chunks_reissued"] == before + 1
     assert victim not in ex.rollout_actor_ids()
+    assert len(ex.rollout_actor_ids()) == 2  # healed: a replacement took the victim's place
     assert crashed.rollout.prompt_indices == positions  # each prompt once, in order
     assert torch.equal(crashed.rollout.final_tokens, clean.rollout.final_tokens)
     assert torch.equal(crashed.rewards, clean.rewards)
@@ -151,7 +152,8 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     # an actor added between steps receives the current weights and takes work
     new_id = ex.add_rollout_actor()
     assert rollout_versions(ex)[new_id][0] == ex.policy_version
-    ex.remove_rollout_actor(ex.rollout_actor_ids()[0])
+    for actor_id in [i for i in ex.rollout_actor_ids() if i != new_id]:
+        ex.remove_rollout_actor(actor_id)
     assert ex.rollout_actor_ids() == [new_id]
     out = ex.generate_and_score(prompts[:2], [200, 201])
     assert out.rollout.policy_version == ex.policy_version
