@@ -17,6 +17,7 @@ import torch
 
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.learner.collective import Channel, TensorMeta
 from maskgrpo_ray.phases import evaluate, generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
@@ -53,6 +54,7 @@ class RolloutActor:
         self.version = 0
         self.chunks = 0
         self._eval_reward: Any = None
+        self._sync: Any = None  # a Channel once the run uses the collective weight sync
 
     def ready(self) -> int:
         return self.actor_id
@@ -71,6 +73,27 @@ class RolloutActor:
             except ValueError as err:
                 out.append(str(err))
         return out
+
+    def sync_join(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world: int,
+        metas: list[TensorMeta],
+        bucket_bytes: int,
+        timeout_s: float,
+    ) -> int:
+        """Join a collective weight-sync group (``learner/collective.py``) as ``rank``; blocks
+        until every member has joined. Replaces any earlier group."""
+        self._sync = Channel(host, port, rank, world, self.device, metas, bucket_bytes, timeout_s)
+        return rank
+
+    def sync_receive(self, version: int) -> int:
+        """Receive the learner's broadcast into this policy's tensors; tag ``version``."""
+        self._sync.receive(self.policy.state_dict())
+        self.version = int(version)
+        return self.version
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         """Install the learner's weights (a subset of the state dict: the trained tensors)."""

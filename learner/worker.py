@@ -26,6 +26,13 @@ import torch
 
 from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.learner.collective import (
+    Channel,
+    TensorMeta,
+    is_loopback,
+    open_store,
+    tensor_metas,
+)
 from maskgrpo_ray.learner_core import (
     UpdatePlan,
     apply_update,
@@ -100,10 +107,6 @@ class DeepSpeedOptimizing:
         return None if norm is None else float(norm)
 
 
-def is_loopback(host: str) -> bool:
-    return host.startswith("127.") or host in ("::1", "localhost")
-
-
 class LearnerWorker:
     """Rank ``rank`` of ``world_size``. ``setup`` joins the process group and builds DeepSpeed."""
 
@@ -129,6 +132,8 @@ class LearnerWorker:
         self.ref_policy = reference_policy(update, self.policy)
         self.engine: Any = None
         self.hook_norm: float | None = None
+        self._sync_store: Any = None  # collective weight sync (rank 0): the group's store
+        self._sync: Any = None
 
     def address(self) -> tuple[str, int]:
         """(this node's IP, a port): rank 0's is the rendezvous of the group.
@@ -270,6 +275,28 @@ class LearnerWorker:
             with deepspeed.zero.GatheredParameters([p for _, p in params]):
                 return {n: p.detach().float().cpu().clone() for n, p in params}
         return {n: p.detach().cpu().clone() for n, p in params}
+
+    def _trained_params(self) -> dict[str, torch.Tensor]:
+        module = self.engine.module
+        return {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+
+    def sync_open(self, timeout_s: float) -> tuple[str, int, list[TensorMeta]]:
+        """Rank 0: a store for a new weight-sync group, and the trained tensors' metas."""
+        ip = ray.util.get_node_ip_address()
+        self._sync_store = open_store(ip, timeout_s)
+        return ip, int(self._sync_store.port), tensor_metas(self._trained_params())
+
+    def sync_connect(
+        self, world: int, metas: list[TensorMeta], bucket_bytes: int, timeout_s: float
+    ) -> None:
+        """Rank 0 joins the group :meth:`sync_open` started (blocks until every member has)."""
+        self._sync = Channel(
+            "", 0, 0, world, self.device, metas, bucket_bytes, timeout_s, store=self._sync_store
+        )
+
+    def sync_send(self) -> int:
+        """Broadcast the trained tensors to the group's rollout actors; bytes sent."""
+        return self._sync.send(self._trained_params())
 
     def ping(self) -> int:
         return self.rank

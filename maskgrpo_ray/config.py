@@ -371,6 +371,18 @@ class LearnerConfig(_Strict):
         ge=0,
         description="torch threads per rank; 0: on CPU the node's cores / num_workers, on GPU Ray's",
     )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto",
+        description=(
+            "learner -> rollout weights: 'object_store' (one ray.put, fetched per node), "
+            "'collective' (learner rank 0 broadcasts packed buckets in a torch.distributed "
+            "group with the rollout actors: NCCL on GPUs, gloo on CPUs), 'auto': collective "
+            "when the learner and the rollout actors have GPUs and zero_stage < 3"
+        ),
+    )
+    weight_sync_bucket_mb: float = Field(
+        256.0, gt=0, description="collective weight sync: bytes per broadcast bucket, in MiB"
+    )
 
 
 class EvalConfig(_Strict):
@@ -510,6 +522,26 @@ class Config(_Strict):
     learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
     eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
     logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
+
+    @model_validator(mode="after")
+    def _weight_sync(self) -> Config:
+        lc, ro = self.learner, self.rollout
+        if lc.weight_sync != "collective":
+            return self
+        if lc.zero_stage == 3:
+            raise ValueError(
+                "learner.weight_sync='collective' with learner.zero_stage=3: rank 0 alone does "
+                "not hold the whole parameters under ZeRO-3; use weight_sync 'object_store' or "
+                "'auto', or zero_stage 0-2"
+            )
+        if (lc.num_gpus_per_worker > 0) != (ro.num_gpus_per_actor > 0):
+            raise ValueError(
+                f"learner.weight_sync='collective' with learner.num_gpus_per_worker="
+                f"{lc.num_gpus_per_worker} and rollout.num_gpus_per_actor="
+                f"{ro.num_gpus_per_actor}: one group must be all GPU (NCCL) or all CPU (gloo); "
+                "give both GPUs or neither, or use weight_sync 'object_store'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> Config:

@@ -29,7 +29,7 @@ from maskgrpo_ray.actors.rollout import RemoteRolloutActor
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.driver import _merge
 from maskgrpo_ray.learner.group import LearnerGroup
-from maskgrpo_ray.learner.weight_sync import ObjectStoreSync, WeightSync
+from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_chunks import ChunkScheduler, chunk_seed, make_chunks
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
@@ -127,7 +127,9 @@ class RayExecutor:
             rollout_call_s=s.rollout_healing.call_timeout_s,
             reward_call_s=s.reward_healing.call_timeout_s,
         )
-        self.sync = weight_sync or ObjectStoreSync(timeout_s)
+        self.sync = weight_sync or make_weight_sync(
+            s.learner.weight_sync, s.learner.weight_sync_bucket_bytes, timeout_s
+        )
         self.sync.attach(self.learner, self.rollouts.handles())
         self.sync_weights()  # version 0: every replica starts from the learner's weights
 

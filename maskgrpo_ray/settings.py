@@ -84,6 +84,8 @@ class LearnerSettings:
     num_cpus_per_worker: float
     num_gpus_per_worker: float
     torch_threads_per_worker: int  # 0: cores / world on CPU, Ray's on GPU
+    weight_sync: str = "object_store"  # resolved: "object_store" or "collective"
+    weight_sync_bucket_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,16 @@ def _forward_settings(cfg: Config) -> ForwardSettings | None:
     )
 
 
+def resolve_weight_sync(cfg: Config) -> str:
+    """``learner.weight_sync`` with ``auto`` decided: the collective when the learner and the
+    rollout actors have GPUs (NCCL) and ZeRO-3 does not partition the weights."""
+    lc = cfg.learner
+    if lc.weight_sync != "auto":
+        return lc.weight_sync
+    gpus = lc.num_gpus_per_worker > 0 and cfg.rollout.num_gpus_per_actor > 0
+    return "collective" if gpus and lc.zero_stage < 3 else "object_store"
+
+
 def settings_from_config(cfg: Config) -> RunSettings:
     """Build every role's settings from the validated config (the one place that reads it)."""
     r, t, e, lc = cfg.rollout, cfg.train, cfg.eval, cfg.learner
@@ -201,6 +213,8 @@ def settings_from_config(cfg: Config) -> RunSettings:
         num_cpus_per_worker=lc.num_cpus_per_worker,
         num_gpus_per_worker=lc.num_gpus_per_worker,
         torch_threads_per_worker=lc.torch_threads_per_worker,
+        weight_sync=resolve_weight_sync(cfg),
+        weight_sync_bucket_bytes=int(lc.weight_sync_bucket_mb * (1 << 20)),
     )
     specs = []
     for c in cfg.reward.components:
