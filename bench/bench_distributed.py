@@ -1,7 +1,13 @@
-"""Distributed (Ray) vs single-process samples/s on the same toy work, same machine, same run;
-and the weight-sync time against the model's size in bytes.
+"""Distributed (Ray, synchronous and asynchronous) vs single-process samples/s on the same work,
+same machine, same run; and the weight-sync time against the model's size in bytes.
 
-    .venv/bin/python bench/bench_distributed.py [--steps 10] [--out bench/results_distributed.json]
+    .venv/bin/python bench/bench_distributed.py [--config configs/toy.yaml] [--steps 10]
+        [--set key=value ...] [--no-sync-sizes] [--out bench/results_distributed.json]
+
+Three runs of ``driver.train``: the local backend, Ray with the synchronous loop
+(``rollout.max_policy_lag=0``) and Ray with asynchronous rollouts (``max_policy_lag=1``: the
+next step's rollouts are generated while the learner trains). Besides samples/s it reports the
+fraction of step wall time the learner is busy (``learner_busy_fraction``, median over steps).
 
 Both backends run ``driver.train`` on the same config (the toy world, the same prompts and
 seeds); the figure is ``summary.json``'s ``samples_per_second`` (images generated per second of
@@ -25,12 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def run_backend(backend: str, steps: int, extra: list[str]) -> dict:
+def run_backend(
+    backend: str, steps: int, extra: list[str], config: str = "configs/toy.yaml"
+) -> dict:
     from maskgrpo_ray.cli import run_train
     from maskgrpo_ray.config import load_config
 
     cfg = load_config(
-        REPO / "configs" / "toy.yaml",
+        REPO / config,
         [
             f"run.backend={backend}",
             f"train.steps={steps}",
@@ -49,6 +57,9 @@ def run_backend(backend: str, steps: int, extra: list[str]) -> dict:
         "samples_per_second": summary["samples_per_second"],
         "steady_median_samples_per_second": statistics.median(steady),
         "train_seconds": summary["train_seconds"],
+        "learner_busy_fraction_median": statistics.median(
+            [r.get("learner_busy_fraction", 0.0) for r in rows[1:]] or [0.0]
+        ),
         "weight_sync_seconds_median": statistics.median(
             [r.get("weight_sync_seconds") or 0.0 for r in rows]
         ),
@@ -103,34 +114,52 @@ def bench_weight_sync(sizes_mb: list[float], repeats: int, num_targets: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", default="configs/toy.yaml")
+    ap.add_argument("--no-sync-sizes", action="store_true", help="skip the weight-sync sizes")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--set", dest="extra", action="append", default=[])
     ap.add_argument("--sync-sizes-mb", default="0.27,4,16,64")
     ap.add_argument("--out", default=str(REPO / "bench" / "results_distributed.json"))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    local = run_backend("local", args.steps, args.extra)
-    ray_run = run_backend("ray", args.steps, args.extra)  # starts and stops its own cluster
-    import ray
-
-    from maskgrpo_ray.ray_cluster import connect
-
-    connect(None, num_cpus=2, include_dashboard=False)
-    sync = bench_weight_sync(
-        [float(x) for x in args.sync_sizes_mb.split(",")], repeats=5, num_targets=2
+    local = run_backend("local", args.steps, args.extra, args.config)
+    # each Ray run starts and stops its own cluster
+    ray_run = run_backend("ray", args.steps, [*args.extra, "rollout.max_policy_lag=0"], args.config)
+    ray_async = run_backend(
+        "ray", args.steps, [*args.extra, "rollout.max_policy_lag=1"], args.config
     )
-    ray.shutdown()
+    sync = []
+    if not args.no_sync_sizes:
+        import ray
+
+        from maskgrpo_ray.ray_cluster import connect
+
+        connect(None, num_cpus=2, include_dashboard=False)
+        sync = bench_weight_sync(
+            [float(x) for x in args.sync_sizes_mb.split(",")], repeats=5, num_targets=2
+        )
+        ray.shutdown()
+    lsps = local["steady_median_samples_per_second"]
     result = {
         "machine": f"{os.cpu_count()} CPUs",
+        "config": args.config,
         "steps": args.steps,
         "local": local,
         "ray": ray_run,
-        "ratio_ray_over_local": ray_run["samples_per_second"] / local["samples_per_second"],
-        "overhead": 1 - ray_run["samples_per_second"] / local["samples_per_second"],
+        "ray_async": ray_async,
+        "ratio_ray_over_local": ray_run["steady_median_samples_per_second"] / lsps,
+        "ratio_ray_async_over_local": ray_async["steady_median_samples_per_second"] / lsps,
         "weight_sync": sync,
     }
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    print("| mode | samples/s (steady median) | vs local | learner busy (median) |")
+    print("|---|---|---|---|")
+    for name, r in (("local", local), ("Ray sync", ray_run), ("Ray async (lag 1)", ray_async)):
+        sps = r["steady_median_samples_per_second"]
+        print(
+            f"| {name} | {sps:.1f} | {sps / lsps:.2f} | {r['learner_busy_fraction_median']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -141,6 +141,17 @@ class RolloutConfig(_Strict):
     prompts_per_chunk: int = Field(
         0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
     )
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description=(
+            "asynchronous rollouts (Ray backend): 1 generates step k+1's rollouts while the "
+            "learner trains on step k (one policy version behind; the cached old log-probs are "
+            "the behaviour policy's, so the ratio is against them), except across a checkpoint; "
+            "0: the synchronous loop"
+        ),
+    )
     max_restarts: int = Field(
         8,
         ge=0,
@@ -522,6 +533,16 @@ class Config(_Strict):
     learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
     eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
     logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
+
+    @model_validator(mode="after")
+    def _async(self) -> Config:
+        if self.rollout.max_policy_lag > 0 and self.run.backend != "ray":
+            raise ValueError(
+                f"rollout.max_policy_lag={self.rollout.max_policy_lag} with run.backend="
+                f"{self.run.backend!r}: asynchronous rollouts need rollout actors apart from the "
+                "learner; use run.backend 'ray' or max_policy_lag 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _weight_sync(self) -> Config:

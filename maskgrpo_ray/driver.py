@@ -113,12 +113,18 @@ class Collected:
 
 
 def collect_groups(
-    ex: Executor, cfg: Config, prompts: list[str], positions: list[int], timer: PhaseTimer
+    ex: Executor,
+    cfg: Config,
+    prompts: list[str],
+    positions: list[int],
+    timer: PhaseTimer,
+    first: ScoredBatch | None = None,
 ) -> Collected:
     """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
 
     A re-sampled prompt's earlier groups stay in ``generated`` (each attempt is a group that was
     generated and scored); ``kept`` holds the groups that passed, in the order they passed.
+    ``first``: the first attempt's groups, generated ahead (asynchronous rollouts).
     """
     kept_parts: list[ScoredBatch] = []
     all_parts: list[ScoredBatch] = []
@@ -130,8 +136,11 @@ def collect_groups(
     }
     todo_prompts, todo_pos = prompts, positions
     for attempt in range(cfg.filter.max_resamples + 1):
-        with timer("generate_score"):
-            scored = ex.generate_and_score(todo_prompts, todo_pos)
+        if attempt == 0 and first is not None:
+            scored = first
+        else:
+            with timer("generate_score"):
+                scored = ex.generate_and_score(todo_prompts, todo_pos)
         all_parts.append(scored)
         with timer("filter"):
             res = ex.filter(scored)
@@ -163,16 +172,80 @@ def _scored_groups(scored: ScoredBatch, keep: torch.Tensor) -> ScoredBatch:
     )
 
 
+class RolloutsAhead:
+    """The next step's rollouts, generated while the learner trains (``rollout.max_policy_lag``
+    1; the Ray backend's ``generate_and_score_async``).
+
+    ``start`` takes the next step's prompts from the stream (remembering the stream's state
+    before, so an abandoned prefetch gives them back) and starts their rollouts; ``wait``
+    blocks until they are scored; ``take`` hands them to the next step; ``discard`` drops them.
+    """
+
+    def __init__(self, ex: Any, stream: Any, prompts_per_step: int) -> None:
+        self.ex, self.stream, self.n = ex, stream, prompts_per_step
+        self.future: Any = None
+        self.taken: tuple[list[str], list[int]] | None = None
+        self.stream_before: Any = None
+
+    @property
+    def pending(self) -> bool:
+        return self.future is not None
+
+    def start(self) -> None:
+        self.stream_before = self.stream.state_dict()
+        self.taken = self.stream.take(self.n)
+        self.future = self.ex.generate_and_score_async(*self.taken)
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()
+
+    def take(self) -> tuple[list[str], list[int], ScoredBatch]:
+        assert self.future is not None and self.taken is not None
+        scored = self.future.result()
+        prompts, positions = self.taken
+        self.future = self.taken = None
+        return prompts, positions, scored
+
+    def discard(self, rewind: bool) -> None:
+        """Drop a pending prefetch (waiting for it); ``rewind``: its prompts go back to the
+        stream, so a checkpoint taken now resumes with them."""
+        if self.future is None:
+            return
+        with contextlib.suppress(Exception):  # its failure no longer matters
+            self.future.result()
+        if rewind:
+            self.stream.load_state_dict(self.stream_before)
+        self.future = self.taken = None
+
+
+def _may_prefetch(cfg: Config, step: int) -> bool:
+    """Whether step ``step`` starts the next step's rollouts ahead: not after the last step,
+    and not across a checkpoint (so a checkpoint holds no rollout in flight, and a resume is
+    the run it continues)."""
+    ck = cfg.run.checkpoint_every_steps
+    nxt = step + 1
+    return cfg.rollout.max_policy_lag > 0 and nxt < cfg.train.steps and not (ck and nxt % ck == 0)
+
+
 def run_step(
     ex: Executor,
     cfg: Config,
     step: int,
     prompts: list[str],
     positions: list[int],
+    *,
+    first: ScoredBatch | None = None,
+    ahead: RolloutsAhead | None = None,
 ) -> StepOutcome:
+    """One step's phases. ``first``: these prompts' groups generated ahead; ``ahead``: start
+    the next step's rollouts before the update and wait for them before the weight sync, so
+    the rollout actors generate while the learner trains (``rollout.max_policy_lag`` 1)."""
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    col = collect_groups(ex, cfg, prompts, positions, timer)
+    col = collect_groups(ex, cfg, prompts, positions, timer, first)
+    if ahead is not None:
+        ahead.start()
     row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **col.stats}
     row.update(reward_figures(col.generated, col.kept))
     scored = col.kept if col.kept is not None else col.generated
@@ -184,12 +257,17 @@ def run_step(
             tb = make_train_batch(col.kept, keep, cfg.train.advantage_eps)
         with timer("update"):
             row.update(ex.update(tb))
+        if ahead is not None:
+            with timer("wait_rollouts_ahead"):
+                ahead.wait()
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
         row["groups_trained"] = float(keep.sum())
         row["prompts_trained"] = list(col.kept.rollout.prompt_indices)  # per-prompt accounting
     else:
         row["prompts_trained"] = []
+        if ahead is not None:
+            ahead.wait()
         row["groups_trained"] = 0.0
         log.warning("step %d: no group survived scoring and filtering; update skipped", step)
     row.update(ex.filter_stats())
@@ -197,6 +275,7 @@ def run_step(
     row.update({f"time/{k}": v for k, v in timer.seconds.items()})
     wall = time.perf_counter() - t0
     row["step_seconds"] = wall
+    row["learner_busy_fraction"] = timer.seconds.get("update", 0.0) / wall if wall > 0 else 0.0
     row["samples_per_second"] = n_samples / wall if wall > 0 else float("nan")
     return StepOutcome(row, scored, col.generated.reward_failures)
 
@@ -445,11 +524,27 @@ def _one_step(
     eval_prompts: list[str],
     runlog: RunLog,
     totals: dict[str, float],
+    ahead: RolloutsAhead | None = None,
+    stop: Preemption | None = None,
 ) -> dict[str, Any]:
-    """One driver step, logged: run it, count it, evaluate and draw samples when due."""
+    """One driver step, logged: run it, count it, evaluate and draw samples when due. With
+    ``ahead`` (asynchronous rollouts) the step uses the rollouts started by the step before,
+    and starts the next step's unless :func:`_may_prefetch` says no or a stop is requested."""
     last = cfg.train.steps - 1
-    prompts, positions = stream.take(cfg.train.prompts_per_step)
-    out = run_step(ex, cfg, step, prompts, positions)
+    first = None
+    if ahead is not None and ahead.pending:
+        prompts, positions, first = ahead.take()
+    else:
+        prompts, positions = stream.take(cfg.train.prompts_per_step)
+    go_ahead = ahead is not None and _may_prefetch(cfg, step)
+    if stop is not None and stop.requested:
+        go_ahead = False
+    kw: dict[str, Any] = {}  # none in the synchronous loop: its call is what it always was
+    if first is not None:
+        kw["first"] = first
+    if go_ahead:
+        kw["ahead"] = ahead
+    out = run_step(ex, cfg, step, prompts, positions, **kw)
     row = out.row
     _count(cfg, out, totals)
     every = cfg.eval.every_steps
@@ -536,13 +631,20 @@ def train(
     stop = Preemption(cfg.run.preemption_grace_seconds)
     stop.install()
     step, next_step, abandoned, learner_restarts = start_step, start_step, False, 0
+    ahead = None
+    if cfg.rollout.max_policy_lag > 0:
+        ahead = RolloutsAhead(ex, stream, cfg.train.prompts_per_step)
     try:
         while step < cfg.train.steps:
             if stop.requested:
+                if ahead is not None:  # its prompts go back: the checkpoint resumes with them
+                    ahead.discard(rewind=True)
                 break
             try:
                 with stop.step():
-                    row = _one_step(cfg, ex, step, stream, eval_prompts, runlog, totals)
+                    row = _one_step(
+                        cfg, ex, step, stream, eval_prompts, runlog, totals, ahead, stop
+                    )
                 next_step = step + 1
                 ck = cfg.run.checkpoint_every_steps
                 if ck and next_step % ck == 0:
@@ -550,6 +652,8 @@ def train(
                     _save(cfg, ex, run_dir, next_step, stream, base, totals)
                     stop.save_s, saved_step = max(stop.save_s, time.monotonic() - t0), next_step
             except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
+                if ahead is not None:
+                    ahead.discard(rewind=False)  # the checkpoint has the stream's position
                 learner_restarts += 1
                 step, base, totals = _recover_learner(
                     cfg, ex, run_dir, stream, runlog, lost, learner_restarts
@@ -569,6 +673,8 @@ def train(
             step += 1
     except StepAbandoned:  # its partial work is dropped: no checkpoint of this state
         abandoned = True
+        if ahead is not None:
+            ahead.discard(rewind=False)
         log.warning(
             "%s: step %d abandoned to stay within run.preemption_grace_seconds=%.0f",
             stop.signal_name,

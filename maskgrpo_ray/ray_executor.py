@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from maskgrpo_ray.driver import _merge
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.phases import FilterResult
-from maskgrpo_ray.ray_chunks import ChunkScheduler, chunk_seed, make_chunks
+from maskgrpo_ray.ray_chunks import Chunk, ChunkScheduler, chunk_seed, make_chunks
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import settings_from_config
@@ -76,6 +77,7 @@ class RayExecutor:
         self._warm_model_cache(cfg)
         self.policy_version = 0
         self._calls_this_version = 0
+        self._ahead: ThreadPoolExecutor | None = None  # asynchronous rollouts (max_policy_lag)
         self.last_sync_bytes = 0
         self.control, self.control_name = start_control_actor(cfg.run.name)
         log.info(
@@ -267,14 +269,30 @@ class RayExecutor:
 
     def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
         """All prompts' groups, generated and scored; order follows ``prompts``."""
-        call = self._calls_this_version
+        return self._run_chunks(self._chunks(prompts, positions))
+
+    def generate_and_score_async(
+        self, prompts: list[str], positions: list[int]
+    ) -> Future[ScoredBatch]:
+        """:meth:`generate_and_score` in a background thread (``rollout.max_policy_lag`` 1),
+        with the chunk seeds fixed now, on the calling thread, so they do not depend on when
+        the learner's update lands. Only the learner may be called until it is done."""
+        chunks = self._chunks(prompts, positions)
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(1, thread_name_prefix="maskgrpo-rollouts-ahead")
+        return self._ahead.submit(self._run_chunks, chunks)
+
+    def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
+        call, version = self._calls_this_version, self.policy_version
         self._calls_this_version += 1
-        chunks = make_chunks(
+        return make_chunks(
             prompts,
             positions,
             self.chunk_prompts,
-            lambda i: chunk_seed(self.run_seed, self.policy_version, call, i),
+            lambda i: chunk_seed(self.run_seed, version, call, i),
         )
+
+    def _run_chunks(self, chunks: list[Chunk]) -> ScoredBatch:
         done = self.scheduler.run(chunks)
         return _merge([done[i] for i in sorted(done)])
 
@@ -420,6 +438,8 @@ class RayExecutor:
         self.control.report.remote(status)
 
     def shutdown(self) -> None:
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=True, cancel_futures=True)
         ray.kill(self.control)
         self.learner.shutdown()
         self.rollouts.shutdown()

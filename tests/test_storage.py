@@ -227,10 +227,10 @@ def _rows(run: Path) -> dict[int, dict]:
 def _crash_at(monkeypatch, crash_step: int) -> None:
     real = driver.run_step
 
-    def crashing(ex, cfg, step, prompts, positions):
+    def crashing(ex, cfg, step, prompts, positions, **kw):
         if step == crash_step:
             raise KeyboardInterrupt("simulated node loss")
-        return real(ex, cfg, step, prompts, positions)
+        return real(ex, cfg, step, prompts, positions, **kw)
 
     monkeypatch.setattr(driver, "run_step", crashing)
 

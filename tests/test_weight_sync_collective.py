@@ -139,3 +139,27 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
             assert checksum == pytest.approx(learner_sum, rel=1e-9)
     finally:
         ex.shutdown()
+
+
+def test_config_resolves_and_refuses_weight_sync_and_async():
+    from maskgrpo_ray.config import ConfigError, load_config
+    from maskgrpo_ray.settings import settings_from_config
+
+    def sync_of(*sets: str) -> str:
+        return settings_from_config(load_config("configs/toy.yaml", list(sets))).learner.weight_sync
+
+    assert sync_of() == "object_store"  # CPUs: auto keeps the object store
+    gpus = ["learner.num_gpus_per_worker=1", "rollout.num_gpus_per_actor=1"]
+    assert sync_of(*gpus) == "collective"
+    assert sync_of(*gpus, "learner.zero_stage=3") == "object_store"
+    assert sync_of("learner.weight_sync=collective") == "collective"  # gloo on CPUs
+    with pytest.raises(ConfigError, match="zero_stage=3"):
+        load_config("configs/toy.yaml", ["learner.weight_sync=collective", "learner.zero_stage=3"])
+    with pytest.raises(ConfigError, match="all GPU \\(NCCL\\) or all CPU"):
+        load_config(
+            "configs/toy.yaml", ["learner.weight_sync=collective", "learner.num_gpus_per_worker=1"]
+        )
+    with pytest.raises(ConfigError, match="rollout.max_policy_lag=1 with run.backend='local'"):
+        load_config("configs/toy.yaml", ["rollout.max_policy_lag=1", "run.backend=local"])
+    with pytest.raises(ConfigError, match="max_policy_lag"):
+        load_config("configs/toy.yaml", ["rollout.max_policy_lag=2"])
