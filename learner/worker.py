@@ -35,6 +35,7 @@ from maskgrpo_ray.learner.collective import (
 )
 from maskgrpo_ray.learner_core import (
     UpdatePlan,
+    apply_activation_checkpointing,
     apply_update,
     build_optimizer,
     grad_norm_and_clip,
@@ -129,6 +130,7 @@ class LearnerWorker:
         if threads > 0:
             torch.set_num_threads(threads)
         self.policy = build_policy(model, self.device)
+        apply_activation_checkpointing(self.policy, learner.activation_checkpointing, model.kind)
         self.ref_policy = reference_policy(update, self.policy)
         self.engine: Any = None
         self.hook_norm: float | None = None

@@ -382,6 +382,14 @@ class LearnerConfig(_Strict):
         ge=0,
         description="torch threads per rank; 0: on CPU the node's cores / num_workers, on GPU Ray's",
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "recompute each transformer layer's activations in the backward pass (less memory "
+            "per micro-batch, about one more forward of compute; the same gradients); a model "
+            "kind without it says so in a warning"
+        ),
+    )
     weight_sync: Literal["auto", "object_store", "collective"] = Field(
         "auto",
         description=(

@@ -11,6 +11,7 @@ rank.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +22,8 @@ from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.phases import accumulate_gradients
 from maskgrpo_ray.settings import UpdateSettings
 from maskgrpo_ray.types import TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 def learning_rate_at(s: UpdateSettings, update: int) -> float:
@@ -52,6 +55,17 @@ def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImag
     if s.kl_coef <= 0:
         return None
     return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def apply_activation_checkpointing(policy: MaskedImagePolicy, enabled: bool, kind: str) -> None:
+    """``learner.activation_checkpointing`` on the policy a learner trains; a model kind without
+    it runs without, and a WARNING says so."""
+    if enabled and not policy.set_activation_checkpointing(True):
+        log.warning(
+            "learner.activation_checkpointing=true: model kind %r has no activation "
+            "checkpointing; training keeps all activations",
+            kind,
+        )
 
 
 class LearnerLost(RuntimeError):

@@ -13,6 +13,7 @@ from maskgrpo_ray.config import Config
 from maskgrpo_ray.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
+    apply_activation_checkpointing,
     apply_update,
     build_optimizer,
     reference_policy,
@@ -31,6 +32,8 @@ class LocalExecutor:
     ) -> None:
         self.settings = settings_from_config(cfg)
         self.policy, self.reward, self.filt = policy, reward, filt
+        ckpt = self.settings.learner.activation_checkpointing
+        apply_activation_checkpointing(policy, ckpt, cfg.model.kind)
         up = self.settings.update
         self.optimizer = build_optimizer(up, policy)
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)

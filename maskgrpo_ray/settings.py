@@ -84,6 +84,7 @@ class LearnerSettings:
     num_cpus_per_worker: float
     num_gpus_per_worker: float
     torch_threads_per_worker: int  # 0: cores / world on CPU, Ray's on GPU
+    activation_checkpointing: bool = False
     weight_sync: str = "object_store"  # resolved: "object_store" or "collective"
     weight_sync_bucket_bytes: int = 256 << 20
 
@@ -213,6 +214,7 @@ def settings_from_config(cfg: Config) -> RunSettings:
         num_cpus_per_worker=lc.num_cpus_per_worker,
         num_gpus_per_worker=lc.num_gpus_per_worker,
         torch_threads_per_worker=lc.torch_threads_per_worker,
+        activation_checkpointing=lc.activation_checkpointing,
         weight_sync=resolve_weight_sync(cfg),
         weight_sync_bucket_bytes=int(lc.weight_sync_bucket_mb * (1 << 20)),
     )

@@ -70,6 +70,11 @@ class MaskedImagePolicy(nn.Module, ABC):
     def null_condition(self, n: int) -> torch.Tensor:
         """The unconditional prompt for guidance, ``long [n, P]`` (same ``P`` as ``tokenize``)."""
 
+    def set_activation_checkpointing(self, enabled: bool) -> bool:
+        """Recompute activations in the backward pass instead of keeping them (memory for
+        compute; the gradients are the same). Returns whether this model supports it."""
+        return not enabled
+
     @abstractmethod
     def conditioned(self, cond_ids: torch.Tensor, guidance_scale: float = 0.0) -> LogitsFn:
         """Bind conditions ``long [N, P]``; return ``f(image_tokens [N, L]) -> logits [N, L, V]``.

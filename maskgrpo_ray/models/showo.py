@@ -139,6 +139,11 @@ class ShowoPolicy(MaskedImagePolicy):
     def device(self) -> torch.device:
         return self.transformer.showo.lm_head.weight.device
 
+    def set_activation_checkpointing(self, enabled: bool) -> bool:
+        """Each Phi decoder layer recomputed in backward (``torch.utils.checkpoint``)."""
+        self.transformer.showo.model.gradient_checkpointing = enabled
+        return True
+
     def tokenize(self, prompts: Sequence[str]) -> torch.Tensor:
         """Prompts -> t2i text prefixes ``long [B, max_text_len + 1]`` (on the CPU)."""
         return t2i_text_prefixes(prompts, self.tokenizer, self.vocab, self.max_text_len)
