@@ -33,6 +33,7 @@ GAUGES = {
     "maskgrpo_queue_inflight_rewards": "chunks being scored",
     "maskgrpo_weight_bytes": "bytes moved per weight sync (per rollout actor)",
     "maskgrpo_reward_actors": "live reward actors",
+    "maskgrpo_learner_busy_fraction": "share of the last step's wall time the learner updated",
     "maskgrpo_actor_recovery_seconds": "seconds the last actor replacement took (start + weights)",
 }
 COUNTERS = {
@@ -108,6 +109,8 @@ class RayMetrics:
         self.gauge("maskgrpo_accuracy", row.get("accuracy", float("nan")))
         self.gauge("maskgrpo_accuracy_kept", row.get("accuracy_kept", float("nan")))
         self.gauge("maskgrpo_policy_version_lag", row.get("policy_version_lag", float("nan")))
+        busy = row.get("learner_busy_fraction", float("nan"))
+        self.gauge("maskgrpo_learner_busy_fraction", busy)
         self.count("maskgrpo_images_total", row.get("groups_generated", 0.0) * group_size)
         self.count("maskgrpo_groups_dropped_total", row.get("groups_dropped", 0.0))
         self.count("maskgrpo_groups_invalid_total", row.get("groups_invalid", 0.0))
