@@ -30,7 +30,7 @@ from maskgrpo_ray.phases import (
     merge_reward_failures,
     reward_failure_metrics,
 )
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.types import ScoredBatch, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -250,11 +250,20 @@ def run_step(
     row.update(reward_figures(col.generated, col.kept))
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
+    # the data plane per step: every rollout reaches the driver today (issue 10's remaining part)
+    gen = col.generated.rollout
+    row["bytes/rollouts"] = float(tensor_nbytes(gen))
+    row["bytes/rollouts_without_images"] = float(tensor_nbytes(gen) - tensor_nbytes_of(gen.images))
+    row["bytes/rewards"] = float(
+        tensor_nbytes_of(col.generated.rewards)
+        + sum(tensor_nbytes_of(v) for v in col.generated.reward_parts.values())
+    )
     n_samples = int(col.stats["groups_generated"]) * cfg.rollout.samples_per_prompt
     if col.kept is not None:
         keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, cfg.train.advantage_eps)
+        row["bytes/train_batch"] = float(tensor_nbytes(tb))  # driver -> learner ranks
         with timer("update"):
             row.update(ex.update(tb))
         if ahead is not None:
@@ -278,6 +287,10 @@ def run_step(
     row["learner_busy_fraction"] = timer.seconds.get("update", 0.0) / wall if wall > 0 else 0.0
     row["samples_per_second"] = n_samples / wall if wall > 0 else float("nan")
     return StepOutcome(row, scored, col.generated.reward_failures)
+
+
+def tensor_nbytes_of(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _finite_mean(x: torch.Tensor) -> float:

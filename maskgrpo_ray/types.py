@@ -47,6 +47,16 @@ def _check_record(b: Any) -> None:
         _check(False, f"estimator must be 'trajectory' or 'forward', got {b.estimator!r}")
 
 
+def tensor_nbytes(obj: Any) -> int:
+    """Bytes of the tensors in a dataclass message's fields (what a hop moves, without the
+    pickling's few hundred bytes of framing)."""
+    return sum(
+        v.numel() * v.element_size()
+        for f in fields(obj)
+        if isinstance(v := getattr(obj, f.name), torch.Tensor)
+    )
+
+
 @dataclass(frozen=True)
 class RolloutBatch:
     """Groups of G samples per prompt with the recorded trajectory and cached old log-probs."""
