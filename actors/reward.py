@@ -13,6 +13,7 @@ import os
 import time
 
 import ray
+import torch
 
 from maskgrpo_ray.build import build_reward_from_settings, resolve_device
 from maskgrpo_ray.phases import merge_reward_failures, reward_failure_metrics, score_rewards
@@ -55,9 +56,12 @@ class RewardActor:
         """The actor's process id (what an operator or a fault drill signals)."""
         return os.getpid()
 
-    def score(self, batch: RolloutBatch) -> RewardResult:
-        """The rollout's rewards (the rollout itself is not sent back)."""
+    def score(self, batch: RolloutBatch, images: torch.Tensor | None = None) -> RewardResult:
+        """The rollout's rewards (the rollout itself is not sent back). ``images``: the images
+        when the rollout came without them (``RolloutActor.generate_split``)."""
         t0 = time.perf_counter()
+        if images is not None:
+            batch = batch.with_images(images)
         scored = score_rewards(self.reward, batch)
         self.batches += 1
         self.failures = merge_reward_failures(self.failures, scored.reward_failures)

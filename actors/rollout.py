@@ -122,6 +122,16 @@ class RolloutActor:
         )
         return batch
 
+    @ray.method(num_returns=2)
+    def generate_split(
+        self, prompts: list[str], positions: list[int], seed: int
+    ) -> tuple[RolloutBatch, torch.Tensor]:
+        """:meth:`generate` as two objects: the rollout without its images, and the images
+        ``uint8 [N, H, W, 3]``. The reward actor takes both; the driver fetches the first only
+        (and the images only when it draws a sample grid)."""
+        batch = self.generate(prompts, positions, seed)
+        return batch.without_images(), batch.images
+
     def evaluate(self, prompts: list[str]) -> dict[str, float]:
         """Held-out evaluation with the current weights (fixed seed, as the local trainer)."""
         if self._eval_reward is None:

@@ -40,7 +40,9 @@ class Executor(Protocol):
 
     policy_version: int
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch: ...
+    def generate_and_score(
+        self, prompts: list[str], positions: list[int], with_images: bool = True
+    ) -> ScoredBatch: ...
 
     def filter(self, scored: ScoredBatch) -> FilterResult: ...
 
@@ -119,6 +121,7 @@ def collect_groups(
     positions: list[int],
     timer: PhaseTimer,
     first: ScoredBatch | None = None,
+    with_images: bool = True,
 ) -> Collected:
     """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
 
@@ -140,7 +143,10 @@ def collect_groups(
             scored = first
         else:
             with timer("generate_score"):
-                scored = ex.generate_and_score(todo_prompts, todo_pos)
+                if with_images:
+                    scored = ex.generate_and_score(todo_prompts, todo_pos)
+                else:
+                    scored = ex.generate_and_score(todo_prompts, todo_pos, with_images=False)
         all_parts.append(scored)
         with timer("filter"):
             res = ex.filter(scored)
@@ -184,6 +190,7 @@ class RolloutsAhead:
     def __init__(self, ex: Any, stream: Any, prompts_per_step: int) -> None:
         self.ex, self.stream, self.n = ex, stream, prompts_per_step
         self.future: Any = None
+        self.with_images = True  # whether the next step draws a sample grid
         self.taken: tuple[list[str], list[int]] | None = None
         self.stream_before: Any = None
 
@@ -194,7 +201,7 @@ class RolloutsAhead:
     def start(self) -> None:
         self.stream_before = self.stream.state_dict()
         self.taken = self.stream.take(self.n)
-        self.future = self.ex.generate_and_score_async(*self.taken)
+        self.future = self.ex.generate_and_score_async(*self.taken, self.with_images)
 
     def wait(self) -> None:
         if self.future is not None:
@@ -243,16 +250,18 @@ def run_step(
     the rollout actors generate while the learner trains (``rollout.max_policy_lag`` 1)."""
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    col = collect_groups(ex, cfg, prompts, positions, timer, first)
+    # on Ray the images go from rollout to reward actors only, unless a sample grid is due
+    with_images = cfg.run.backend != "ray" or _grid_due(cfg, step)
+    col = collect_groups(ex, cfg, prompts, positions, timer, first, with_images)
     if ahead is not None:
         ahead.start()
     row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **col.stats}
     row.update(reward_figures(col.generated, col.kept))
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
-    # the data plane per step: every rollout reaches the driver today (issue 10's remaining part)
+    # the data plane per step (docs/ray_system.md, "Bytes per hop")
     gen = col.generated.rollout
-    row["bytes/rollouts"] = float(tensor_nbytes(gen))
+    row["bytes/driver_rollouts"] = float(tensor_nbytes(gen))  # images only on grid steps
     row["bytes/rollouts_without_images"] = float(tensor_nbytes(gen) - tensor_nbytes_of(gen.images))
     row["bytes/rewards"] = float(
         tensor_nbytes_of(col.generated.rewards)
@@ -529,6 +538,12 @@ def _summary(
     }
 
 
+def _grid_due(cfg: Config, step: int) -> bool:
+    """Whether ``step`` draws a sample grid (``logging.sample_grid_every_steps``, and the last)."""
+    g = cfg.logging.sample_grid_every_steps
+    return bool(g) and (step % g == 0 or step == cfg.train.steps - 1)
+
+
 def _one_step(
     cfg: Config,
     ex: Executor,
@@ -556,6 +571,8 @@ def _one_step(
     if first is not None:
         kw["first"] = first
     if go_ahead:
+        assert ahead is not None
+        ahead.with_images = _grid_due(cfg, step + 1)
         kw["ahead"] = ahead
     out = run_step(ex, cfg, step, prompts, positions, **kw)
     row = out.row
@@ -563,8 +580,7 @@ def _one_step(
     every = cfg.eval.every_steps
     if every and (step + 1) % every == 0 and step < last:
         row.update(ex.evaluate(eval_prompts))
-    g = cfg.logging.sample_grid_every_steps
-    if g and out.scored is not None and (step % g == 0 or step == last):
+    if _grid_due(cfg, step) and out.scored is not None:
         rb = out.scored.rollout
         runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
     runlog.log_step(row)

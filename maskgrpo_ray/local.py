@@ -42,7 +42,10 @@ class LocalExecutor:
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.policy_version = 0
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+    def generate_and_score(
+        self, prompts: list[str], positions: list[int], with_images: bool = True
+    ) -> ScoredBatch:
+        """In one process the images are at hand either way (``with_images`` is for Ray)."""
         rb = generate(
             self.policy,
             prompts,

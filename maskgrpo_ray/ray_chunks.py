@@ -17,14 +17,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray
+import torch
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
 from maskgrpo_ray.ray_metrics import RayMetrics
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.types import RolloutBatch, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ def make_chunks(prompts: list[str], positions: list[int], size: int, seed_of: An
         for i, s in enumerate(range(0, len(prompts), size))
     ]
 
+
+Refs = tuple[Any, Any]
+"""A rollout in the object store: (the rollout without images, its images)."""
 
 Heal = Callable[[Member, str], "Member | None"]
 """``(lost member, why: "died" | "hung") -> a ready replacement, or None (dropped only)``."""
@@ -113,17 +117,20 @@ class ChunkScheduler:
         self.metrics.gauge("maskgrpo_queue_inflight_rollouts", gen)
         self.metrics.gauge("maskgrpo_queue_inflight_rewards", rew)
 
-    def run(self, chunks: list[Chunk]) -> dict[int, ScoredBatch]:
-        """Every chunk generated and scored, by chunk index."""
+    def run(self, chunks: list[Chunk], with_images: bool = True) -> dict[int, ScoredBatch]:
+        """Every chunk generated and scored, by chunk index. A rollout travels as two objects
+        (``generate_split``): the rollout without images, which the driver fetches, and the
+        images, which only the reward actor reads; the driver fetches them too only when
+        ``with_images`` (a sample grid is due), else its batches hold ``[N, 0, 0, 3]`` images."""
         pending = deque(chunks)
         idle: deque[Member] = deque(self.rollouts.members)
-        gen: dict[Any, tuple[Chunk, Member]] = {}
-        rew: dict[Any, tuple[Chunk, Any, Member]] = {}
+        gen: dict[Any, tuple[Chunk, Member, Any]] = {}  # rollout ref -> (chunk, actor, images)
+        rew: dict[Any, tuple[Chunk, Refs, Member]] = {}
         deadline: dict[Any, float] = {}  # in-flight call -> monotonic deadline
         load = {m.actor_id: 0 for m in self.rewards.members}
         done: dict[int, ScoredBatch] = {}
 
-        def send_to_reward(ch: Chunk, rollout_ref: Any) -> None:
+        def send_to_reward(ch: Chunk, rollout_ref: Refs) -> None:
             if not len(self.rewards):
                 raise RuntimeError(
                     "every reward actor is lost and the restart budget is spent "
@@ -131,7 +138,7 @@ class ChunkScheduler:
                 )
             ra = min(self.rewards.members, key=lambda m: load.get(m.actor_id, 0))
             load[ra.actor_id] = load.get(ra.actor_id, 0) + 1
-            ref = ra.handle.score.remote(rollout_ref)
+            ref = ra.handle.score.remote(*rollout_ref)
             rew[ref] = (ch, rollout_ref, ra)
             deadline[ref] = time.monotonic() + self.reward_call_s
 
@@ -145,7 +152,7 @@ class ChunkScheduler:
                     idle.append(fresh)
             pending.appendleft(ch)
 
-        def reward_lost(ch: Chunk, rollout_ref: Any, ra: Member, why: str) -> None:
+        def reward_lost(ch: Chunk, rollout_ref: Refs, ra: Member, why: str) -> None:
             self.counters["chunks_rescored"] += 1
             if any(m is ra for m in self.rewards.members):  # its other calls are lost too:
                 load.pop(ra.actor_id, None)  # heal it once, on the first of them
@@ -158,8 +165,8 @@ class ChunkScheduler:
         while pending or gen or rew:
             while pending and idle:
                 ro, ch = idle.popleft(), pending.popleft()
-                ref = ro.handle.generate.remote(ch.prompts, ch.positions, ch.seed)
-                gen[ref] = (ch, ro)
+                ref, images = ro.handle.generate_split.remote(ch.prompts, ch.positions, ch.seed)
+                gen[ref] = (ch, ro, images)
                 deadline[ref] = time.monotonic() + self.rollout_call_s
                 self.counters["chunks_issued"] += 1
             if pending and not gen and not idle:
@@ -176,7 +183,7 @@ class ChunkScheduler:
                     deadline.pop(ref)
                     self.counters["calls_timed_out"] += 1
                     if ref in gen:
-                        ch, ro = gen.pop(ref)
+                        ch, ro, _ = gen.pop(ref)
                         rollout_lost(ch, ro, "hung")
                     else:
                         ch, rollout_ref, ra = rew.pop(ref)
@@ -185,7 +192,7 @@ class ChunkScheduler:
             ref = ready[0]
             deadline.pop(ref)
             if ref in gen:
-                ch, ro = gen.pop(ref)
+                ch, ro, images = gen.pop(ref)
                 try:
                     ray.get(ref)
                 except RayActorError:
@@ -193,7 +200,7 @@ class ChunkScheduler:
                     continue
                 idle.append(ro)
                 self.chunks_by_actor[ro.actor_id] = self.chunks_by_actor.get(ro.actor_id, 0) + 1
-                send_to_reward(ch, ref)
+                send_to_reward(ch, (ref, images))
             else:
                 ch, rollout_ref, ra = rew.pop(ref)
                 try:
@@ -205,7 +212,11 @@ class ChunkScheduler:
                 if ch.index in done:
                     raise RuntimeError(f"chunk {ch.index} finished twice")
                 # the reward actor returns scores only; the rollout comes from the object store
-                done[ch.index] = ScoredBatch.join(ray.get(rollout_ref), result)
+                rb = cast(RolloutBatch, ray.get(rollout_ref[0], timeout=self.timeout_s))
+                if with_images:
+                    imgs = cast(torch.Tensor, ray.get(rollout_ref[1], timeout=self.timeout_s))
+                    rb = rb.with_images(imgs)
+                done[ch.index] = ScoredBatch.join(rb, result)
         self._gauge(0, 0, 0)
         return done
 

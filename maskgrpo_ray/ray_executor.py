@@ -267,12 +267,16 @@ class RayExecutor:
 
     # ------------------------------------------------------------------ phases
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
-        """All prompts' groups, generated and scored; order follows ``prompts``."""
-        return self._run_chunks(self._chunks(prompts, positions))
+    def generate_and_score(
+        self, prompts: list[str], positions: list[int], with_images: bool = True
+    ) -> ScoredBatch:
+        """All prompts' groups, generated and scored; order follows ``prompts``. Without
+        ``with_images`` the batch's images are ``[N, 0, 0, 3]``: they went from the rollout
+        actors to the reward actors only, never to this process."""
+        return self._run_chunks(self._chunks(prompts, positions), with_images)
 
     def generate_and_score_async(
-        self, prompts: list[str], positions: list[int]
+        self, prompts: list[str], positions: list[int], with_images: bool = True
     ) -> Future[ScoredBatch]:
         """:meth:`generate_and_score` in a background thread (``rollout.max_policy_lag`` 1),
         with the chunk seeds fixed now, on the calling thread, so they do not depend on when
@@ -280,7 +284,7 @@ class RayExecutor:
         chunks = self._chunks(prompts, positions)
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="maskgrpo-rollouts-ahead")
-        return self._ahead.submit(self._run_chunks, chunks)
+        return self._ahead.submit(self._run_chunks, chunks, with_images)
 
     def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
         call, version = self._calls_this_version, self.policy_version
@@ -292,8 +296,8 @@ class RayExecutor:
             lambda i: chunk_seed(self.run_seed, version, call, i),
         )
 
-    def _run_chunks(self, chunks: list[Chunk]) -> ScoredBatch:
-        done = self.scheduler.run(chunks)
+    def _run_chunks(self, chunks: list[Chunk], with_images: bool = True) -> ScoredBatch:
+        done = self.scheduler.run(chunks, with_images)
         return _merge([done[i] for i in sorted(done)])
 
     def filter(self, scored: ScoredBatch) -> FilterResult:

@@ -81,6 +81,15 @@ class RolloutBatch:
     mask_counts: torch.Tensor | None = None  # [N, K] long, forward: tokens each draw masks
     forward_reduction: str = "mean"  # forward: "mean" | "sum" over the masked positions
 
+    def without_images(self) -> RolloutBatch:
+        """The same rollout with ``images`` emptied to ``[N, 0, 0, 3]`` (what the driver needs:
+        the images go from the rollout actor to the reward actor only)."""
+        return replace(self, images=self.images[:, :0, :0])
+
+    def with_images(self, images: torch.Tensor) -> RolloutBatch:
+        """The rollout with its ``images [N, H, W, 3]`` put back."""
+        return replace(self, images=images).validate()
+
     @property
     def num_samples(self) -> int:
         return self.final_tokens.shape[0]

@@ -136,3 +136,22 @@ def test_past_the_restart_budget_a_lost_actor_is_only_dropped(executor):
     _same(faulty, clean)  # the survivor generated the lost chunk, with the same seed
     assert ex.rollout_actor_ids() != [] and victim not in ex.rollout_actor_ids()
     assert len(ex.rollout_actor_ids()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(600)
+def test_images_reach_the_reward_actor_without_passing_the_driver(executor):
+    """``with_images=False`` (every step without a sample grid): the rollout actors return the
+    images as a separate object that only the reward actors read; the driver's batch has
+    ``[N, 0, 0, 3]`` images and the same tokens and rewards (rewards computed from the images,
+    so they did arrive) as when the driver fetches them too."""
+    ex = executor
+    full, _ = _generate(ex)
+    ex._calls_this_version = 0  # noqa: SLF001 - the same chunk seeds
+    light = ex.generate_and_score(PROMPTS, POSITIONS, with_images=False)
+    n = len(PROMPTS) * full.rollout.group_size
+    assert full.rollout.images.shape[0] == n and full.rollout.images.shape[1] > 0
+    assert tuple(light.rollout.images.shape) == (n, 0, 0, 3)
+    _same(light, full)
+    assert light.rollout.images.numel() == 0
