@@ -118,9 +118,8 @@ class CollectiveSync(WeightSync):
 
     def _form(self, learner: LearnerGroup, targets: list[Any]) -> None:
         rank0 = learner.workers[0]
-        host, port, metas = learner.gather([rank0.sync_open.remote(self.group_timeout_s)], "sync")[
-            0
-        ]
+        opened = learner.gather([rank0.sync_open.remote(self.group_timeout_s)], "a sync group")
+        host, port, metas = opened[0]
         world, b, gt = len(targets) + 1, self.bucket_bytes, self.group_timeout_s
         joins = [
             t.sync_join.remote(host, port, i + 1, world, metas, b, gt)

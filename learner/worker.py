@@ -125,7 +125,8 @@ class LearnerWorker:
         self.device = resolve_device(learner.num_gpus_per_worker)
         threads = learner.torch_threads_per_worker
         if threads == 0 and self.device.type == "cpu":
-            # the step loop is synchronous: while the learner works, rollouts wait
+            # in the synchronous loop rollouts wait while the learner works; with
+            # rollout.max_policy_lag 1 on a CPU node they share these cores (docs/ray_system.md)
             threads = max(1, (os.cpu_count() or 1) // world_size)
         if threads > 0:
             torch.set_num_threads(threads)
