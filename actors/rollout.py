@@ -17,8 +17,9 @@ import torch
 
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.learner.collective import Channel, TensorMeta
-from maskgrpo_ray.phases import evaluate, generate
+from maskgrpo_ray.phases import generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
@@ -132,11 +133,17 @@ class RolloutActor:
         batch = self.generate(prompts, positions, seed)
         return batch.without_images(), batch.images
 
-    def evaluate(self, prompts: list[str]) -> dict[str, float]:
-        """Held-out evaluation with the current weights (fixed seed, as the local trainer)."""
+    def eval_unit(self, unit: EvalUnit) -> dict[str, torch.Tensor]:
+        """One evaluation unit with the current weights, scored with the training reward:
+        per-sample ``reward`` (and ``accuracy``) ``[N]`` (``evaluation.generation``)."""
         if self._eval_reward is None:
             self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
-        return evaluate(self.policy, self._eval_reward, prompts, **self.evaluation.kwargs())
+        return unit_rewards(self._eval_reward, generate_unit(self.policy, unit, self.evaluation))
+
+    def eval_rollout(self, unit: EvalUnit) -> RolloutBatch:
+        """One evaluation unit's rollout (images ``[N, H, W, 3]``, prompt-major) with the
+        current weights: ``maskgrpo eval`` scores and writes it."""
+        return generate_unit(self.policy, unit, self.evaluation)
 
     def status(self) -> dict[str, Any]:
         """What an operator checks of a replica: id, device, weights version, chunks done and

@@ -1,4 +1,5 @@
-"""``maskgrpo`` command line: ``maskgrpo train --config FILE [--set k=v ...] [--run-dir DIR]``."""
+"""``maskgrpo`` command line: ``maskgrpo train --config FILE [--set k=v ...] [--run-dir DIR]``,
+``maskgrpo eval``, ``maskgrpo prompts``, ``maskgrpo scale|status``, ``maskgrpo validate``."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None)
     v.add_argument("--set", dest="overrides", action="append", default=[])
+    from maskgrpo_ray import prompts_cli
+    from maskgrpo_ray.evaluation import cli as eval_cli
+
+    eval_cli.register(sub)
+    prompts_cli.register(sub)
     d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
     d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
@@ -102,7 +108,8 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
 
     from maskgrpo_ray import driver
     from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_settings
-    from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompts
+    from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompt_records
+    from maskgrpo_ray.driver import EvalSet
     from maskgrpo_ray.metrics import write_json_atomic
 
     torch.manual_seed(cfg.run.seed)
@@ -110,8 +117,13 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
     resolved = cfg.model_dump(mode="json")
     write_json_atomic(run_dir / "config.json", resolved)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    train_prompts = load_prompts(cfg.data.prompts, "train")
-    eval_prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts, "eval")
+    column = cfg.data.prompt_column
+    train_records = load_prompt_records(cfg.data.prompts, "train", column=column).records
+    train_prompts = [r.text for r in train_records]
+    eval_records = load_prompt_records(
+        cfg.data.eval_prompts or cfg.data.prompts, "eval", column=column
+    ).records
+    eval_prompts = [r.text for r in eval_records]
     if cfg.run.backend == "local":
         from maskgrpo_ray.local import LocalExecutor
         from maskgrpo_ray.settings import settings_from_config
@@ -129,13 +141,17 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
         train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))
         eval_prompts, _ = keep_valid_prompts(eval_prompts, batched_check(ex, eval_prompts))
     stream = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)
+    tag_of = {r.text: (r.meta or {}).get("tag") for r in eval_records}
+    evals: list[str] | EvalSet = eval_prompts
+    if any(tag_of.values()):  # GenEval metadata: evaluations also report per tag
+        evals = EvalSet(eval_prompts, [tag_of[p] for p in eval_prompts])
     try:
         return driver.train(
             cfg,
             ex,
             run_dir,
             stream,
-            eval_prompts,
+            evals,
             resume_from=resume_from,
             on_step_end=getattr(ex, "on_step_end", None),
         )
@@ -204,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "eval":
+        from maskgrpo_ray.evaluation import cli as eval_cli
+
+        return eval_cli.run(args)
+    if args.command == "prompts":
+        from maskgrpo_ray import prompts_cli
+
+        return prompts_cli.run(args)
     overrides = list(args.overrides)
     if getattr(args, "backend", None):
         overrides.append(f"run.backend={args.backend}")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from maskgrpo_ray.evaluation.metrics import MetricSpec
 from maskgrpo_ray.models.registry import entry_for
 
 
@@ -426,6 +427,18 @@ class EvalConfig(_Strict):
     sampler: Literal["showo", "ancestral"] | None = Field(
         None, description="eval sampler (default: rollout.sampler)"
     )
+    metrics: list[MetricSpec] = Field(
+        default_factory=list,
+        description="metrics `maskgrpo eval` computes besides the training reward: a list of "
+        "{kind: clip_score|imagereward|pickscore|fid, weights: local path, ...} "
+        "(docs/evaluation.md)",
+    )
+    prompts_per_unit: int = Field(
+        8,
+        ge=1,
+        description="prompts per evaluation work unit; a unit's seed depends on its index only, "
+        "so the images are the same whatever the number of rollout actors",
+    )
 
 
 class DataConfig(_Strict):
@@ -433,6 +446,11 @@ class DataConfig(_Strict):
 
     prompts: str = Field("toy", description="'toy' (built-in grammar) or a .txt/.json/.jsonl file")
     eval_prompts: str | None = Field(None, description="eval prompts file (default: data.prompts)")
+    prompt_column: str | None = Field(
+        None,
+        description="the column (Parquet) or key (JSON, JSONL) that holds the prompt text "
+        "(default: 'prompt', else 'caption')",
+    )
     shuffle: bool = Field(True, description="shuffle the training prompts each epoch (seeded)")
 
 
@@ -456,6 +474,11 @@ class RunConfig(_Strict):
     name: str = Field("toy", description="run name (run folder prefix, Ray control actor name)")
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS or a new local cluster")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray cluster")
+    export_final_policy: bool = Field(
+        True,
+        description="write RUN_DIR/final_policy.safetensors (the trained tensors) when the run "
+        "finishes: what `maskgrpo eval --weights RUN_DIR` evaluates",
+    )
     checkpoint_every_steps: int = Field(
         0, ge=0, description="driver steps between checkpoints; 0: none"
     )

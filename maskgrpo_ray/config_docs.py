@@ -35,6 +35,7 @@ from maskgrpo_ray.config import (
     ToyModelConfig,
     TrainConfig,
 )
+from maskgrpo_ray.evaluation.metrics import MetricSpec
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),
@@ -51,6 +52,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("train", TrainConfig),
     ("learner", LearnerConfig),
     ("eval", EvalConfig),
+    ("eval.metrics[]", MetricSpec),
     ("logging", LoggingConfig),
 )
 """Every model of the tree, under the dotted path its fields are set with."""

@@ -22,6 +22,7 @@ import torch
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.weights import save_final_policy
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
 from maskgrpo_ray.phases import (
@@ -52,7 +53,12 @@ class Executor(Protocol):
 
     def sync_weights(self) -> float: ...
 
-    def evaluate(self, prompts: list[str]) -> dict[str, float]: ...
+    def evaluate(
+        self, prompts: list[str], tags: list[str | None] | None = None
+    ) -> dict[str, float]: ...
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The learner's trained tensors on the CPU (what a weight sync sends)."""
 
     def extra_metrics(self) -> dict[str, float]: ...
 
@@ -535,6 +541,8 @@ def _summary(
         "final_accuracy": final.get("eval_accuracy"),
         "eval_samples_per_prompt": cfg.eval.samples_per_prompt,
         "policy_version": ex.policy_version,
+        "base_eval": base,  # every figure, per GenEval tag too
+        "final_eval": final,
     }
 
 
@@ -544,12 +552,30 @@ def _grid_due(cfg: Config, step: int) -> bool:
     return bool(g) and (step % g == 0 or step == cfg.train.steps - 1)
 
 
+@dataclass(frozen=True)
+class EvalSet:
+    """Held-out prompts with their GenEval tags (one per prompt; None: untagged): evaluations
+    then also report ``eval_<key>/<tag>``."""
+
+    prompts: list[str]
+    tags: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _evaluate(ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, float]:
+    if isinstance(eval_prompts, EvalSet):
+        return ex.evaluate(eval_prompts.prompts, eval_prompts.tags)
+    return ex.evaluate(eval_prompts)
+
+
 def _one_step(
     cfg: Config,
     ex: Executor,
     step: int,
     stream: Any,
-    eval_prompts: list[str],
+    eval_prompts: list[str] | EvalSet,
     runlog: RunLog,
     totals: dict[str, float],
     ahead: RolloutsAhead | None = None,
@@ -579,7 +605,7 @@ def _one_step(
     _count(cfg, out, totals)
     every = cfg.eval.every_steps
     if every and (step + 1) % every == 0 and step < last:
-        row.update(ex.evaluate(eval_prompts))
+        row.update(_evaluate(ex, eval_prompts))
     if _grid_due(cfg, step) and out.scored is not None:
         rb = out.scored.rollout
         runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
@@ -622,7 +648,7 @@ def train(
     ex: Executor,
     run_dir: Path,
     stream: Any,
-    eval_prompts: list[str],
+    eval_prompts: list[str] | EvalSet,
     resume_from: Path | None = None,
     on_step_end: Any = None,
 ) -> dict[str, Any]:
@@ -650,7 +676,7 @@ def train(
                 len(runlog.rows),
             )
             runlog.truncate_from(0)
-        base = ex.evaluate(eval_prompts)
+        base = _evaluate(ex, eval_prompts)
         log.info("base model: %s", base)
     bar = None
     if cfg.logging.progress_bar:
@@ -738,8 +764,13 @@ def train(
             cfg.train.steps,
         )
         return summary
-    final = ex.evaluate(eval_prompts)
+    final = _evaluate(ex, eval_prompts)
     log.info("tuned model: %s", final)
+    if cfg.run.export_final_policy:
+        info: dict[str, Any] = {"step": cfg.train.steps, "policy_version": ex.policy_version}
+        info["model_kind"] = cfg.model.kind
+        path = save_final_policy(run_dir, ex.policy_state(), info)
+        log.info("final policy: %s (maskgrpo eval --weights %s)", path, run_dir)
     runlog.plot_reward_curve()
     summary = _summary(cfg, ex, start_step, base, final, totals, t_start)
     summary["eval_prompts"] = len(eval_prompts)

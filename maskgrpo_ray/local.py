@@ -10,6 +10,7 @@ import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.generation import evaluate_rewards
 from maskgrpo_ray.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
@@ -19,7 +20,7 @@ from maskgrpo_ray.learner_core import (
     reference_policy,
 )
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.phases import FilterResult, evaluate, filter_groups, generate, score
+from maskgrpo_ray.phases import FilterResult, filter_groups, generate, score
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
@@ -78,8 +79,17 @@ class LocalExecutor:
     def sync_weights(self) -> float:
         return 0.0  # the rollout uses the learner's weights directly
 
-    def evaluate(self, prompts: list[str]) -> dict[str, float]:
-        return evaluate(self.policy, self.reward, prompts, **self.settings.eval.kwargs())
+    def evaluate(
+        self, prompts: list[str], tags: list[str | None] | None = None
+    ) -> dict[str, float]:
+        return evaluate_rewards(self.policy, self.reward, prompts, self.settings.eval, tags)
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        return {
+            n: p.detach().cpu().clone()
+            for n, p in self.policy.named_parameters()
+            if p.requires_grad
+        }
 
     def extra_metrics(self) -> dict[str, float]:
         return {}

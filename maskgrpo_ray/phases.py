@@ -1,5 +1,5 @@
 """The phases of one Mask-GRPO step as library functions (generate, score, filter, advantages,
-update, evaluate). The single-process trainer calls them in a loop; the Ray actors wrap them
+update). The single-process trainer calls them in a loop; the Ray actors wrap them
 one per actor method. Nothing here imports ray.
 """
 
@@ -456,49 +456,3 @@ def accumulate_gradients(
     if abs_lr:
         sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
     return sums
-
-
-@torch.no_grad()
-def evaluate(
-    policy: MaskedImagePolicy,
-    reward: Any,
-    prompts: Sequence[str],
-    *,
-    samples_per_prompt: int,
-    num_steps: int,
-    guidance_scale: float,
-    temperature: float,
-    gumbel_temperature: float,
-    seed: int,
-    batch_prompts: int = 32,
-    sampler: str = "showo",
-) -> dict[str, float]:
-    """Held-out evaluation with fixed seeds: mean reward and accuracy (where defined)."""
-    rewards, accs = [], []
-    g = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
-    for i in range(0, len(prompts), batch_prompts):
-        chunk = list(prompts[i : i + batch_prompts])
-        rb = generate(
-            policy,
-            chunk,
-            list(range(i, i + len(chunk))),
-            group_size=samples_per_prompt,
-            num_steps=num_steps,
-            temperature=temperature,
-            gumbel_temperature=gumbel_temperature,
-            guidance_scale=guidance_scale,
-            transition="p2",
-            policy_version=-1,
-            generator=g,
-            sampler=sampler,
-        )
-        sb = score(reward, rb)
-        rewards.append(sb.rewards)
-        if sb.accuracy is not None:
-            accs.append(sb.accuracy)
-    r = torch.cat(rewards)
-    out = {"eval_reward": float(r[torch.isfinite(r)].mean())}
-    if accs:
-        a = torch.cat(accs)
-        out["eval_accuracy"] = float(a[torch.isfinite(a)].mean())
-    return out

@@ -233,3 +233,58 @@ class ChunkScheduler:
         )
         self.counters[f"{role}_actors_lost"] += 1
         self.metrics.count("maskgrpo_actors_lost_total", tags={"role": role, "why": why})
+
+
+def map_over_pool(
+    pool: ActorPool,
+    items: list[Any],
+    call: Callable[[Any, Any], Any],
+    timeout_s: float,
+    heal: Heal | None = None,
+    on_lost: Callable[[Member, str], None] | None = None,
+) -> list[Any]:
+    """``call(handle, item)`` for every item, one call in flight per actor of ``pool``; the
+    results in item order. An actor that dies, or whose call outlives ``timeout_s`` (it is
+    killed), is healed (``heal``: default drop it) and reported to ``on_lost``; its item is
+    re-issued to another actor. Items must be pure (same result on any actor): evaluation
+    units are (``evaluation.generation``)."""
+    heal = heal or drop_only(pool)
+    pending = deque(range(len(items)))
+    idle: deque[Member] = deque(pool.members)
+    inflight: dict[Any, tuple[int, Member, float]] = {}
+    done: dict[int, Any] = {}
+
+    def lost(i: int, member: Member, why: str) -> None:
+        pending.appendleft(i)
+        if any(m is member for m in pool.members):
+            if on_lost is not None:
+                on_lost(member, why)
+            fresh = heal(member, why)
+            if fresh is not None:
+                idle.append(fresh)
+
+    while pending or inflight:
+        while pending and idle:
+            member, i = idle.popleft(), pending.popleft()
+            inflight[call(member.handle, items[i])] = (i, member, time.monotonic() + timeout_s)
+        if not inflight:
+            raise RuntimeError(
+                f"every {pool.name} actor is lost and the restart budget is spent; "
+                f"{len(pending)} items were not done"
+            )
+        wait_s = max(0.0, min(d for _, _, d in inflight.values()) - time.monotonic())
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_s)
+        if not ready:
+            now = time.monotonic()
+            for ref in [r for r, (_, _, d) in inflight.items() if d <= now]:
+                i, member, _ = inflight.pop(ref)
+                lost(i, member, "hung")
+            continue
+        i, member, _ = inflight.pop(ready[0])
+        try:
+            done[i] = ray.get(ready[0])
+        except RayActorError:
+            lost(i, member, "died")
+            continue
+        idle.append(member)
+    return [done[i] for i in range(len(items))]

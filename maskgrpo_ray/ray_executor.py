@@ -29,10 +29,11 @@ from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.actors.rollout import RemoteRolloutActor
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.driver import _merge
+from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.phases import FilterResult
-from maskgrpo_ray.ray_chunks import Chunk, ChunkScheduler, chunk_seed, make_chunks
+from maskgrpo_ray.ray_chunks import Chunk, ChunkScheduler, chunk_seed, make_chunks, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import settings_from_config
@@ -366,16 +367,35 @@ class RayExecutor:
         self.metrics.gauge("maskgrpo_policy_version", self.learner.version)
         return rep.seconds
 
-    def evaluate(self, prompts: list[str]) -> dict[str, float]:
-        """Held-out evaluation on one rollout actor (fixed seeds, as the local trainer)."""
-        while len(self.rollouts):
-            member = self.rollouts.members[0]
-            try:
-                return ray.get(member.handle.evaluate.remote(prompts), timeout=self.timeout_s)
-            except RayActorError:
-                self.counters["rollout_actors_lost"] += 1
-                self._heal("rollout", member, "died")
-        raise RuntimeError("every rollout actor is lost and the restart budget is spent")
+    def evaluate(
+        self, prompts: list[str], tags: list[str | None] | None = None
+    ) -> dict[str, float]:
+        """Held-out evaluation spread over every rollout actor: fixed-seed units
+        (``evaluation.generation``), so the figures do not depend on the actor count; per
+        GenEval tag too when ``tags`` (one per prompt) are given."""
+        units = make_units(prompts, self.settings.eval)
+        per_unit = self.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
+        return summarize(per_unit, tags)
+
+    def map_rollout(self, items: list[Any], call: Any) -> list[Any]:
+        """``call(handle, item)`` over the rollout actors, healing lost ones (results in order)."""
+
+        def on_lost(member: Member, why: str) -> None:
+            log.warning("rollout actor %d %s during an evaluation", member.actor_id, why)
+            self.counters["rollout_actors_lost"] += 1
+
+        return map_over_pool(
+            self.rollouts,
+            items,
+            call,
+            self.settings.rollout_healing.call_timeout_s or self.timeout_s,
+            heal=lambda m, why: self._heal("rollout", m, why),
+            on_lost=on_lost,
+        )
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """Learner rank 0's trained tensors, fetched into the driver (once, at the run's end)."""
+        return ray.get(self.learner.weights_ref(), timeout=self.timeout_s)
 
     def extra_metrics(self) -> dict[str, float]:
         out = dict(self.counters)

@@ -35,7 +35,11 @@ GAUGES = {
     "maskgrpo_reward_actors": "live reward actors",
     "maskgrpo_learner_busy_fraction": "share of the last step's wall time the learner updated",
     "maskgrpo_actor_recovery_seconds": "seconds the last actor replacement took (start + weights)",
+    "maskgrpo_eval_reward": "mean training reward of the last held-out evaluation (fixed seeds)",
+    "maskgrpo_eval_accuracy": "share of the last held-out evaluation's images the (rule) reward counts correct",
+    "maskgrpo_eval_metric": "a `maskgrpo eval` figure: mean per metric, model and GenEval tag ('all': every prompt)",
 }
+GAUGE_TAGS = {"maskgrpo_eval_metric": ("metric", "model", "tag")}
 COUNTERS = {
     "maskgrpo_steps_total": "training steps finished",
     "maskgrpo_images_total": "images generated",
@@ -73,7 +77,7 @@ class RayMetrics:
 
         m: Any
         if name in GAUGES:
-            m = rm.Gauge(name, description=GAUGES[name])
+            m = rm.Gauge(name, description=GAUGES[name], tag_keys=GAUGE_TAGS.get(name))
         elif name in COUNTERS:
             m = rm.Counter(name, description=COUNTERS[name], tag_keys=COUNTER_TAGS.get(name))
         else:
@@ -91,10 +95,10 @@ class RayMetrics:
             self._broken = True
             log.warning("Ray metrics disabled after an error: %s", err)
 
-    def gauge(self, name: str, value: float) -> None:
+    def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return
-        self._safe(lambda: self._get(name).set(float(value)))
+        self._safe(lambda: self._get(name).set(float(value), tags=tags or None))
 
     def count(self, name: str, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
         if value and value > 0:
@@ -119,6 +123,8 @@ class RayMetrics:
         self.gauge("maskgrpo_effective_groups", row.get("groups_trained", float("nan")))
         self.gauge("maskgrpo_reward_mean", row.get("reward_mean", float("nan")))
         self.gauge("maskgrpo_reward_mean_kept", row.get("reward_mean_kept", float("nan")))
+        self.gauge("maskgrpo_eval_reward", row.get("eval_reward", float("nan")))
+        self.gauge("maskgrpo_eval_accuracy", row.get("eval_accuracy", float("nan")))
         for k, v in row.items():
             if k.startswith("time/"):
                 self.observe("maskgrpo_phase_seconds", v, {"phase": k[5:]})

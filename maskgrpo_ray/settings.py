@@ -38,7 +38,7 @@ class RolloutSettings:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """Keyword arguments of ``phases.evaluate`` besides policy, reward and prompts."""
+    """The evaluation sampler (``maskgrpo_ray.evaluation.generation``)."""
 
     samples_per_prompt: int
     num_steps: int  # unmasking steps of an evaluation rollout
@@ -47,6 +47,7 @@ class EvalSettings:
     gumbel_temperature: float
     seed: int  # fixed: the same images for the same weights
     sampler: str
+    prompts_per_unit: int = 8  # prompts per work unit; a unit's seed is (seed, unit index)
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,6 +183,7 @@ def settings_from_config(cfg: Config) -> RunSettings:
         ),
         seed=cfg.run.seed + 10_007,
         sampler=e.sampler or r.sampler,
+        prompts_per_unit=e.prompts_per_unit,
     )
     forward = rollout.forward
     update = UpdateSettings(

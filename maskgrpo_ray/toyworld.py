@@ -43,6 +43,23 @@ class Caption:
         noun = "dot" if self.count == 1 else "dots"
         return f"{COUNT_WORDS[self.count - 1]} {COLOUR_NAMES[self.colour - 1]} {noun} on the {self.position}"
 
+    def geneval_metadata(self) -> dict[str, object]:
+        """This caption as a GenEval metadata line (``tag``, ``include``, ``exclude``,
+        ``prompt``). The toy's one object class is ``"dot"``; ``region`` (a canvas half) is the
+        toy's own key, GenEval's ``position`` being relative to a second object. The tag is
+        ``single_object`` for one dot, else ``counting``. The exclude of ``count + 1`` dots
+        (GenEval's counting clause, here on every caption) makes GenEval's rule equal to the
+        toy reward's: exactly ``count`` dots, all of the colour, all in the half."""
+        colour = COLOUR_NAMES[self.colour - 1]
+        item = {"class": "dot", "count": self.count, "color": colour, "region": self.position}
+        meta: dict[str, object] = {
+            "tag": "single_object" if self.count == 1 else "counting",
+            "include": [item],
+            "exclude": [{"class": "dot", "count": self.count + 1}],
+            "prompt": self.text,
+        }
+        return meta
+
     @classmethod
     def parse(cls, text: str) -> Caption:
         """Parse a caption of the grammar; raises ValueError naming the offending word."""

@@ -1,0 +1,124 @@
+"""Evaluation generation with fixed seeds: the one home for it.
+
+The prompts are cut into units of ``prompts_per_unit`` in prompt order; unit ``u`` samples
+with a generator seeded from ``(seed, u)`` only. Whatever runs a unit (the single process, any
+rollout actor, after any number of actor deaths) makes the same images for the same weights,
+so the images do not depend on the number of rollout actors. The evaluation inside training
+(:func:`evaluate_rewards`) and ``maskgrpo eval`` (:func:`generate_unit`) both go through
+:func:`generate_unit`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.phases import generate, score_rewards
+from maskgrpo_ray.settings import EvalSettings
+from maskgrpo_ray.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class EvalUnit:
+    """``prompts[k]`` is prompt number ``prompt_indices[k]`` of the evaluation set."""
+
+    index: int
+    prompt_indices: list[int]
+    prompts: list[str]
+    seed: int
+
+
+def unit_seed(seed: int, index: int) -> int:
+    """The sampling seed of unit ``index``: a function of the evaluation seed and the index."""
+    return (seed * 1_000_003 + 7_919 * (index + 1)) % (2**63 - 1)
+
+
+def make_units(prompts: Sequence[str], settings: EvalSettings) -> list[EvalUnit]:
+    """Cut the evaluation prompts into units of ``settings.prompts_per_unit`` (prompt order)."""
+    size = settings.prompts_per_unit
+    return [
+        EvalUnit(
+            u,
+            list(range(s, min(s + size, len(prompts)))),
+            list(prompts[s : s + size]),
+            unit_seed(settings.seed, u),
+        )
+        for u, s in enumerate(range(0, len(prompts), size))
+    ]
+
+
+@torch.no_grad()
+def generate_unit(
+    policy: MaskedImagePolicy, unit: EvalUnit, settings: EvalSettings
+) -> RolloutBatch:
+    """``samples_per_prompt`` images per prompt of ``unit`` (prompt-major: sample ``j`` of
+    the unit's prompt ``k`` is row ``k * S + j``), sampled with the unit's own generator."""
+    device = next(policy.parameters()).device
+    g = torch.Generator(device=device).manual_seed(unit.seed)
+    return generate(
+        policy,
+        unit.prompts,
+        unit.prompt_indices,
+        group_size=settings.samples_per_prompt,
+        num_steps=settings.num_steps,
+        temperature=settings.temperature,
+        gumbel_temperature=settings.gumbel_temperature,
+        guidance_scale=settings.guidance_scale,
+        transition="p2",
+        policy_version=-1,
+        generator=g,
+        sampler=settings.sampler,
+    )
+
+
+def unit_rewards(reward: Any, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    """The training reward on an evaluation unit: ``reward`` ``[N]`` and, where the reward
+    defines one, ``accuracy`` ``[N]`` (NaN where scoring failed)."""
+    result = score_rewards(reward, batch)
+    out = {"reward": result.rewards}
+    if result.accuracy is not None:
+        out["accuracy"] = result.accuracy
+    return out
+
+
+def summarize(
+    per_unit: Sequence[dict[str, torch.Tensor]], tags: Sequence[str | None] | None = None
+) -> dict[str, float]:
+    """``eval_reward`` and ``eval_accuracy``: means over the finite per-sample values of all
+    units (NaN when none is finite). With ``tags`` (one per prompt, in prompt order: the
+    prompts' GenEval tags), also ``eval_<key>/<tag>`` per tag."""
+    out: dict[str, float] = {}
+    for key in ("reward", "accuracy"):
+        parts = [u[key] for u in per_unit if key in u]
+        if not parts:
+            continue
+        x = torch.cat(parts).float()  # [P * S], prompt-major
+        groups: dict[str, torch.Tensor] = {"": torch.ones_like(x, dtype=torch.bool)}
+        if tags is not None and any(t is not None for t in tags):
+            per_prompt = x.numel() // len(tags)
+            for tag in sorted({t for t in tags if t is not None}):
+                hit = torch.tensor([t == tag for t in tags]).repeat_interleave(per_prompt)
+                groups[f"/{tag}"] = hit
+        for suffix, hit in groups.items():
+            v = x[hit & torch.isfinite(x)]
+            out[f"eval_{key}{suffix}"] = float(v.mean()) if v.numel() else math.nan
+    return out
+
+
+def evaluate_rewards(
+    policy: MaskedImagePolicy,
+    reward: Any,
+    prompts: Sequence[str],
+    settings: EvalSettings,
+    tags: Sequence[str | None] | None = None,
+) -> dict[str, float]:
+    """Held-out evaluation in one process: every unit generated and scored with the training
+    reward, summarised (:func:`summarize`)."""
+    units = make_units(prompts, settings)
+    per_unit = [unit_rewards(reward, generate_unit(policy, u, settings)) for u in units]
+    return summarize(per_unit, tags)
