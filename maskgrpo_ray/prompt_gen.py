@@ -210,6 +210,32 @@ POOL_SIZES = {
 }
 
 
+def fair_shares(n: int, tags: Sequence[str]) -> dict[str, int]:
+    """``n`` split over ``tags`` as evenly as their template pools allow: a tag whose pool is
+    smaller than its share gives all it has and the rest goes to the others."""
+    shares: dict[str, int] = {}
+    open_tags = sorted(tags, key=lambda t: POOL_SIZES[t])  # smallest pools settle first
+    left = n
+    while open_tags:
+        even = left // len(open_tags)
+        tag = open_tags[0]
+        if POOL_SIZES[tag] < even:
+            shares[tag] = POOL_SIZES[tag]
+            left -= POOL_SIZES[tag]
+            open_tags.pop(0)
+            continue
+        order = [t for t in tags if t in open_tags]
+        for i, t in enumerate(order):
+            shares[t] = even + (1 if i < left % len(order) else 0)
+        break
+    if sum(shares.values()) < n:
+        raise ValueError(
+            f"--n {n}: the templates of tags {list(tags)} give only {sum(shares.values())} "
+            "distinct prompts; ask for fewer"
+        )
+    return {t: shares[t] for t in tags}
+
+
 def make_geneval_prompts(
     n: int,
     *,
@@ -217,8 +243,8 @@ def make_geneval_prompts(
     tags: Sequence[str] | None = None,
     exclude_prompts: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
-    """``n`` distinct GenEval-style prompts with metadata, the tags in equal shares (the first
-    ``n mod len(tags)`` tags get one more), none of them in ``exclude_prompts``; the same list
+    """``n`` distinct GenEval-style prompts with metadata, the tags in equal shares where their
+    templates allow (:func:`fair_shares`), none of them in ``exclude_prompts``; the same list
     for the same arguments. Raises ValueError when a tag cannot supply its share."""
     tags = list(tags or GENEVAL_TAGS)
     unknown = [t for t in tags if t not in MAKERS]
@@ -228,7 +254,7 @@ def make_geneval_prompts(
         raise ValueError(f"--n {n}: ask for at least one prompt")
     excluded = {" ".join(p.split()) for p in exclude_prompts}
     rng = random.Random(seed)
-    shares = {t: n // len(tags) + (1 if i < n % len(tags) else 0) for i, t in enumerate(tags)}
+    shares = fair_shares(n, tags)
     by_tag: dict[str, list[dict[str, Any]]] = {t: [] for t in tags}
     seen: set[str] = set()
     for tag in tags:

@@ -135,3 +135,24 @@ def test_bad_input_fails_before_any_actor_starts(tmp_path, capsys):
             assert needle in err, (extra, needle, err)
         assert not ray.is_initialized()  # nothing was started
         assert not (tmp_path / "o").exists()
+
+
+def test_training_evaluation_reports_per_tag_figures():
+    from maskgrpo_ray.build import build_policy, build_reward_from_settings
+    from maskgrpo_ray.evaluation.generation import evaluate_rewards
+
+    cfg = cfg_with()
+    settings = settings_from_config(cfg)
+    records = load_prompt_records("toy", "eval").records[:10]
+    prompts, tags = [r.text for r in records], [r.meta["tag"] for r in records]
+    torch.manual_seed(cfg.run.seed)
+    policy = build_policy(cfg.model)
+    reward = build_reward_from_settings(settings.reward)
+    out = evaluate_rewards(policy, reward, prompts, settings.eval, tags)
+    plain = evaluate_rewards(policy, reward, prompts, settings.eval)
+    assert out["eval_accuracy"] == plain["eval_accuracy"]  # tags only add keys
+    # the overall mean is the prompt-weighted mean of the tag means (same samples per prompt)
+    n = {t: tags.count(t) for t in set(tags)}
+    assert set(n) == {"single_object", "counting"}
+    weighted = sum(out[f"eval_reward/{t}"] * k for t, k in n.items()) / len(tags)
+    assert out["eval_reward"] == pytest.approx(weighted, rel=1e-5)
