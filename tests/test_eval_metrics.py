@@ -1,6 +1,7 @@
-"""Evaluation metrics on tiny random weights: FID/KID equal to torch-fidelity's own figure on the
-same folders, PickScore equal to its model card's computation, CLIP score's convention, and
-errors that name the file, the field and the fix."""
+"""Evaluation metrics on tiny random weights, each against an independent computation:
+FID/KID against ``torch_fidelity.calculate_metrics`` on the same folders, PickScore against the
+model's own contrastive logits, CLIP score against open_clip's embeddings, ImageReward against
+the reward; and errors that name the file, the field and the fix."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pydantic import ValidationError
 
 from maskgrpo_ray.evaluation.metrics import (
     FidKid,
@@ -18,13 +20,18 @@ from maskgrpo_ray.evaluation.metrics import (
     MetricWeightsMissingError,
     build_sample_metric,
     check_metric_files,
+    same_shape_runs,
 )
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def inception_weights(tmp_path_factory) -> str:
-    """A random-weights Inception file of the right shapes, made without a download: build the
-    module with its weight loading skipped, then save its (random) state."""
+    """A random Inception state dict of torch-fidelity's shapes, made without a download: build
+    the module with its weight loading skipped, re-initialise the convolutions with He-normal
+    weights (the default init shrinks activations about 6x in variance per layer, so features
+    would come out near 1e-7 and FID near 1e-12), save the state."""
     from torch_fidelity import feature_extractor_inceptionv3 as fe
 
     path = tmp_path_factory.mktemp("inception") / "random_inception.pth"
@@ -34,67 +41,149 @@ def inception_weights(tmp_path_factory) -> str:
     torch.manual_seed(0)
     model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], "unused")
     mp.undo()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
     torch.save(model.state_dict(), path)
     return str(path)
 
 
-def write_images(folder, n: int, seed: int, bright: bool) -> None:
+def write_images(folder, n: int, seed: int, base: int, size=(40, 40)) -> list[np.ndarray]:
     folder.mkdir(parents=True)
     g = np.random.default_rng(seed)
-    for i in range(n):
-        base = 160 if bright else 40
-        arr = np.clip(g.normal(base, 50, (40, 40, 3)), 0, 255).astype(np.uint8)
-        Image.fromarray(arr).save(folder / f"{i:03d}.png")
+    arrays = [np.clip(g.normal(base, 50, (*size, 3)), 0, 255).astype(np.uint8) for _ in range(n)]
+    for i, a in enumerate(arrays):
+        Image.fromarray(a).save(folder / f"{i:03d}.png")
+    return arrays
 
 
 def test_fid_kid_equal_torch_fidelity_on_the_same_folders(tmp_path, inception_weights):
     import torch_fidelity
 
     a, b = tmp_path / "a", tmp_path / "b"
-    write_images(a, 12, seed=1, bright=True)
-    write_images(b, 14, seed=2, bright=False)
-    spec = MetricSpec(
-        kind="fid", weights=inception_weights, reference_dir=str(b), kid_subset_size=10
-    )
-    ours = FidKid(spec)(a)
+    arrays = write_images(a, 5, seed=1, base=160)
+    write_images(b, 6, seed=2, base=60)
     theirs = torch_fidelity.calculate_metrics(
         input1=str(a),
         input2=str(b),
         fid=True,
         kid=True,
-        kid_subset_size=10,
+        kid_subset_size=4,
         feature_extractor_weights_path=inception_weights,
         cuda=False,
+        cache=False,
         verbose=False,
-        save_cpu_ram=True,
     )
-    # the same features (the library's extractor on the same pixels) and the same formulas:
-    # equal up to float32 batching noise
-    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-4)
-    assert ours["kid_mean"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-4)
-    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-3)
-    assert ours["fid"] > 0
-    # in-memory images give the same figure as their folder
-    arrays = np.stack([np.asarray(Image.open(p)) for p in sorted(a.iterdir())])
-    assert FidKid(spec)(torch.from_numpy(arrays))["fid"] == pytest.approx(ours["fid"], rel=1e-6)
+    # ours: batches of 2 (theirs: one batch of 64), generated images as a tensor, the
+    # reference as a folder; subset 4 < 5 images, so KID also checks that the features come in
+    # the same (sorted path) order as theirs, since subsets are drawn by index
+    spec = MetricSpec(
+        kind="fid",
+        weights=inception_weights,
+        reference_dir=str(b),
+        kid_subset_size=4,
+        batch_size=2,
+    )
+    fid = FidKid(spec)
+    ours = fid(torch.from_numpy(np.stack(arrays)))
+    # same features up to float32 batching noise, same formulas and seed
+    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-5)
+    assert ours["kid_mean"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-5)
+    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-4)
+    assert ours["kid_subset_size"] == 4 and ours["fid"] > 1.0  # bright vs dark: far apart
+
+    # a folder of 3 images: subset 4 capped at 3, the reference features come from the cache
+    c = tmp_path / "c"
+    write_images(c, 3, seed=3, base=160)
+    seen = []
+    features = fid.features
+    fid.features = lambda x: seen.append(len(x)) or features(x)  # type: ignore[method-assign]
+    small = fid(str(c))
+    assert seen == [2, 1]  # only c's 3 images in batches of 2, none of b's 6
+    assert small["kid_subset_size"] == 3 and np.isfinite(small["fid"])
+
+
+def test_fid_folder_of_mixed_sizes_keeps_file_order(tmp_path, inception_weights):
+    """Images of different sizes go through the extractor in separate runs, in path order
+    (a stand-in extractor returns each image's mean pixel, so the expectation is exact)."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    sizes = [(8, 8), (8, 8), (6, 10), (8, 8), (6, 10)]
+    arrays = [np.full((*s, 3), 10 * i, np.uint8) for i, s in enumerate(sizes)]
+    for i, arr in enumerate(arrays):
+        Image.fromarray(arr).save(folder / f"{i}.png")
+    spec = MetricSpec(kind="fid", weights=inception_weights, reference_dir=str(folder))
+    fid = FidKid(spec)
+    fid.extractor = lambda x: (x.float().mean((1, 2, 3))[:, None].expand(-1, 2048),)
+    got = fid.folder_features(folder)[:, 0]
+    assert got.tolist() == [10.0 * i for i in range(5)]
+    assert [len(r) for r in same_shape_runs(arrays)] == [2, 1, 1, 1]
 
 
 def test_fid_errors_name_file_field_and_fix(tmp_path, inception_weights):
     spec = MetricSpec(kind="fid", weights=str(tmp_path / "none.pth"), reference_dir=str(tmp_path))
-    with pytest.raises(MetricWeightsMissingError, match=r"eval\.metrics\[2\]\.weights: no file"):
-        check_metric_files(spec, "eval.metrics[2]")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    spec = MetricSpec(kind="fid", weights=inception_weights, reference_dir=str(empty))
-    with pytest.raises(MetricWeightsMissingError, match=r"reference_dir: .*empty is not a folder"):
+    with pytest.raises(MetricWeightsMissingError) as err:
+        FidKid(spec, where="eval.metrics[2]")
+    msg = str(err.value)
+    assert msg.startswith(f"eval.metrics[2].weights: {tmp_path / 'none.pth'} is not a file")
+    assert "weights-inception-2015-12-05-6726825d.pth" in msg
+    assert isinstance(err.value, FileNotFoundError)
+
+    spec = MetricSpec(kind="fid", weights=inception_weights, reference_dir=str(tmp_path / "no"))
+    with pytest.raises(MetricWeightsMissingError, match=r"\[0\]\.reference_dir: .*no is not a"):
         check_metric_files(spec, "eval.metrics[0]")
-    with pytest.raises(ValueError, match="reference_dir"):
-        MetricSpec(kind="fid", weights=inception_weights)
-    with pytest.raises(ValueError, match="field 'model'"):
-        MetricSpec(kind="clip_score", weights=inception_weights)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "sub" / "notes.txt").write_text("not an image")
+    spec = MetricSpec(kind="fid", weights=inception_weights, reference_dir=str(tmp_path / "empty"))
+    with pytest.raises(MetricWeightsMissingError, match=r"empty holds no images .*fill it"):
+        check_metric_files(spec, "eval.metrics[0]")
+
+    wrong = tmp_path / "wrong.pth"
+    torch.save({"fc.weight": torch.zeros(2, 2)}, wrong)
+    write_images(tmp_path / "ref", 2, seed=0, base=100)
+    spec = MetricSpec(kind="fid", weights=str(wrong), reference_dir=str(tmp_path / "ref"))
+    with pytest.raises(ValueError, match=r"metric 'fid'\.weights: .*wrong\.pth is not torch-fid"):
+        FidKid(spec)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": "fid", "weights": "w.pth"}, "field 'reference_dir' is None"),
+        ({"kind": "clip_score", "weights": "c.bin"}, "field 'model' is None"),
+        ({"kind": "pickscore"}, "field 'weights' is None; .*PickScore_v1"),
+        ({"kind": "pickscore", "weights": "p", "model": "ViT-L-14"}, "only read by kind=clip"),
+        ({"kind": "fid", "weights": "w", "reference_dir": "r", "args": {"x": 1}}, "'args'"),
+        ({"kind": "imagereward", "weights": "w", "args": {"device": "cuda"}}, "\\['device'\\]"),
+        ({"kind": "imagereward", "weights": "w", "name": "reward"}, "field 'name' = 'reward'"),
+        ({"kind": "imagereward", "weights": "w", "kid_subset_size": 1}, "kid_subset_size"),
+        ({"kind": "hpsv2", "weights": "w"}, "kind"),
+        ({"kind": "imagereward", "weights": "w", "extra": 1}, "extra"),
+    ],
+)
+def test_spec_rejects_with_field_and_fix(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        MetricSpec(**fields)
+
+
+def test_spec_is_frozen_and_labels_default_to_kind():
+    spec = MetricSpec(kind="imagereward", weights="ImageReward.pt")
+    assert spec.label == "imagereward" and spec.model_copy(update={"name": "ir"}).label == "ir"
+    with pytest.raises(ValidationError):
+        spec.batch_size = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", ["clip_score", "imagereward", "pickscore"])
+def test_builders_refuse_missing_weights(tmp_path, kind):
+    extra = {"model": "ViT-B-32"} if kind == "clip_score" else {}
+    spec = MetricSpec(kind=kind, weights=str(tmp_path / "absent"), **extra)
+    with pytest.raises(MetricWeightsMissingError, match=r"eval\.metrics\[3\]\.weights: .*absent"):
+        build_sample_metric(spec, CPU, where="eval.metrics[3]")
 
 
 def test_clip_score_is_100_times_the_clipped_cosine(tmp_path):
+    import open_clip
+
     from maskgrpo_ray.rewards.clip import ClipReward
     from maskgrpo_ray.rewards.tiny import register_tiny_clip
 
@@ -102,20 +191,36 @@ def test_clip_score_is_100_times_the_clipped_cosine(tmp_path):
     torch.manual_seed(0)
     weights = tmp_path / "clip.pt"
     torch.save(ClipReward(name, None, device="cpu").model.state_dict(), weights)
-    spec = MetricSpec(kind="clip_score", model=name, weights=str(weights))
-    check_metric_files(spec, "eval.metrics[0]")
-    metric = build_sample_metric(spec, torch.device("cpu"))
-    images = torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8)
-    prompts = ["a red cat", "a dog", "two cups", "a car", "a tree"]
-    cos = ClipReward(name, str(weights), score="cosine", device="cpu")(images, prompts)
+    spec = MetricSpec(kind="clip_score", model=name, weights=str(weights), batch_size=2)
+    with pytest.raises(ValueError, match=r"\.model: 'ViT-Nope' is not an open_clip"):
+        check_metric_files(spec.model_copy(update={"model": "ViT-Nope"}), "eval.metrics[0]")
+    metric = build_sample_metric(spec, CPU)
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (6, 64, 48, 3), dtype=torch.uint8, generator=g)
+    prompts = ["a red cat", "a dog", "two cups", "a car", "a tree", "a red cat"]
     got = metric(images, prompts)
-    assert torch.allclose(got, 100 * cos.clamp_min(0), atol=1e-4)
+    # the definition straight from open_clip, one image at a time with its own transform
+    model, _, transform = open_clip.create_model_and_transforms(name, pretrained=str(weights))
+    tokenizer = open_clip.get_tokenizer(name)
+    with torch.no_grad():
+        cos = torch.stack(
+            [
+                torch.nn.functional.cosine_similarity(
+                    model.encode_image(transform(Image.fromarray(img.numpy()))[None]),
+                    model.encode_text(tokenizer([p])),
+                )[0]
+                for img, p in zip(images, prompts, strict=True)
+            ]
+        )
+    assert (cos < 0).any() and (cos > 0).any()  # both branches of max(cos, 0) are exercised
+    torch.testing.assert_close(got, 100 * cos.clamp_min(0), atol=1e-4, rtol=0)
     assert metric.name == "clip_score" and metric.higher_is_better
 
 
 def tiny_pickscore(folder) -> None:
-    """A tiny random ``CLIPModel`` with a character-level CLIP tokenizer and a 32 px image
-    processor, saved as a Hugging Face folder (the layout of PickScore_v1 + its processor)."""
+    """A tiny random ``CLIPModel`` with a character-level CLIP tokenizer (vocab.json of single
+    letters, no merges) and a 32 px image processor, saved as one Hugging Face folder (the
+    layout of PickScore_v1 plus its processor)."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
     folder.mkdir(parents=True)
@@ -127,72 +232,69 @@ def tiny_pickscore(folder) -> None:
     proc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     CLIPProcessor(image_processor=proc, tokenizer=tok).save_pretrained(folder)
     torch.manual_seed(0)
+    layer = {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4}
     cfg = CLIPConfig(
         text_config={
-            "vocab_size": len(vocab),
-            "hidden_size": 32,
-            "intermediate_size": 37,
-            "num_attention_heads": 4,
+            **layer,
             "num_hidden_layers": 2,
+            "vocab_size": len(vocab),
             "max_position_embeddings": 77,
             "bos_token_id": 0,
             "eos_token_id": 1,
             "pad_token_id": 1,
         },
-        vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 37,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
+        vision_config={**layer, "num_hidden_layers": 2, "image_size": 32, "patch_size": 8},
         projection_dim=16,
     )
     CLIPModel(cfg).save_pretrained(folder)
 
 
-def test_pickscore_equals_the_model_card_computation(tmp_path):
+def test_pickscore_equals_the_models_own_logits(tmp_path):
     from transformers import AutoProcessor, CLIPModel
 
     folder = tmp_path / "pickscore"
     tiny_pickscore(folder)
     spec = MetricSpec(kind="pickscore", weights=str(folder), batch_size=2)
-    check_metric_files(spec, "eval.metrics[0]")
-    metric = build_sample_metric(spec, torch.device("cpu"))
+    metric = build_sample_metric(spec, CPU, where="eval.metrics[0]")
     g = torch.Generator().manual_seed(3)
-    images = torch.randint(0, 256, (3, 48, 48, 3), dtype=torch.uint8, generator=g)
-    prompts = ["a red cat", "two dogs", "a blue car on the left"]
-    got = metric(images, prompts)  # batches of 2: padding differs per batch
-    # the model card: one image and its prompt at a time, normalised embeddings, scaled dot
+    images = torch.randint(0, 256, (5, 48, 40, 3), dtype=torch.uint8, generator=g)
+    prompts = ["a red cat", "two dogs", "a blue car on the left", "a red cat", "sky"]
+    got = metric(images, prompts)  # batches of 2, texts padded together, repeats encoded once
+    # PickScore's model card: exp(logit_scale) * cos of one image and its prompt, which is
+    # CLIPModel's own logits_per_image for that pair (its forward, not our feature path)
     processor = AutoProcessor.from_pretrained(folder)
     model = CLIPModel.from_pretrained(folder).eval()
     want = []
     with torch.no_grad():
-        for img, prompt in zip(images, prompts):
-            px = processor(images=[Image.fromarray(img.numpy())], return_tensors="pt")
-            tx = processor(
-                text=[prompt], padding=True, truncation=True, max_length=77, return_tensors="pt"
+        for img, prompt in zip(images, prompts, strict=True):
+            inputs = processor(
+                text=[prompt],
+                images=[Image.fromarray(img.numpy())],
+                padding=True,
+                truncation=True,
+                max_length=77,
+                return_tensors="pt",
             )
-            ie = model.get_image_features(**px)
-            te = model.get_text_features(**tx)
-            ie = ie if isinstance(ie, torch.Tensor) else ie.pooler_output
-            te = te if isinstance(te, torch.Tensor) else te.pooler_output
-            ie, te = ie / ie.norm(dim=-1, keepdim=True), te / te.norm(dim=-1, keepdim=True)
-            want.append(float(model.logit_scale.exp() * (ie * te).sum()))
-    assert torch.allclose(got, torch.tensor(want), atol=1e-4), (got, want)
-    assert got.std() > 0
+            want.append(model(**inputs).logits_per_image[0, 0])
+    torch.testing.assert_close(got, torch.stack(want), atol=1e-5, rtol=1e-5)
+    assert got.dtype == torch.float32 and got.std() > 0 and got[0] == got[3]
 
 
-def test_pickscore_missing_folder_names_field_and_fix(tmp_path):
+def test_pickscore_missing_files_name_field_and_fix(tmp_path):
     spec = MetricSpec(kind="pickscore", weights=str(tmp_path / "PickScore_v1"))
     with pytest.raises(MetricWeightsMissingError) as err:
         check_metric_files(spec, "eval.metrics[1]")
     msg = str(err.value)
-    assert "eval.metrics[1].weights" in msg and "PickScore_v1" in msg and "copy them here" in msg
+    assert msg.startswith("eval.metrics[1].weights: ") and "PickScore_v1/config.json" in msg
+    assert "copy the Hugging Face folder of yuvalkirstain/PickScore_v1" in msg
+    folder = tmp_path / "pick"
+    tiny_pickscore(folder)
+    spec = MetricSpec(kind="pickscore", weights=str(folder), processor=str(tmp_path))
+    with pytest.raises(MetricWeightsMissingError, match=r"\[1\]\.processor: .*CLIP-ViT-H-14"):
+        check_metric_files(spec, "eval.metrics[1]")
 
 
-def test_imagereward_metric_is_the_reward(tmp_path):
+def test_imagereward_metric_is_the_reward_in_float32_pil(tmp_path):
     from maskgrpo_ray.rewards.imagereward import ImageRewardReward
     from maskgrpo_ray.rewards.tiny import spread_imagereward_head, tiny_imagereward_kwargs
 
@@ -204,9 +306,17 @@ def test_imagereward_metric_is_the_reward(tmp_path):
     weights = tmp_path / "ImageReward.pt"
     torch.save(reward.model.state_dict(), weights)
     spec = MetricSpec(kind="imagereward", weights=str(weights), args=kwargs)
-    metric = build_sample_metric(spec, torch.device("cpu"))
-    images = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
-    prompts = ["a red cat", "a dog"]
-    want = ImageRewardReward(str(weights), device="cpu", **kwargs)(images, prompts)
+    metric = build_sample_metric(spec, CPU)
+    images = torch.randint(0, 256, (3, 64, 48, 3), dtype=torch.uint8)
+    prompts = ["a red cat", "a dog", "two cars"]
+    want = ImageRewardReward(str(weights), device="cpu", preprocess="pil", **kwargs)(
+        images, prompts
+    )
     got = metric(images, prompts)
-    assert torch.allclose(got, want, atol=1e-5) and got.std() > 0
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert got.std() > 0
+    no_vocab = tmp_path / "no_vocab"
+    no_vocab.mkdir()
+    spec = spec.model_copy(update={"args": {**kwargs, "tokenizer": str(no_vocab)}})
+    with pytest.raises(MetricWeightsMissingError, match=r"\.args\.tokenizer: .*no_vocab has no"):
+        check_metric_files(spec, "eval.metrics[0]")
