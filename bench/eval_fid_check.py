@@ -19,28 +19,11 @@ from pathlib import Path
 import torch
 
 
-def random_inception(path: Path) -> str:
-    from unittest import mock
-
-    from torch_fidelity import feature_extractor_inceptionv3 as fe
-
-    with (
-        mock.patch.object(fe.torch, "load", lambda *a, **k: None),
-        mock.patch.object(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda s, d: None),
-    ):
-        torch.manual_seed(0)
-        model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], "unused")
-    for m in model.modules():  # He init keeps activations alive through the 94 conv layers
-        if isinstance(m, torch.nn.Conv2d):
-            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-    torch.save(model.state_dict(), path)
-    return str(path)
-
-
 def main() -> None:
     import torch_fidelity
 
     from maskgrpo_ray.evaluation.metrics import FidKid, MetricSpec, image_files
+    from maskgrpo_ray.evaluation.tiny import random_inception_file
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("generated")
@@ -49,7 +32,7 @@ def main() -> None:
     ap.add_argument("--kid-subset-size", type=int, default=100)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        weights = args.weights or random_inception(Path(tmp) / "inception.pth")
+        weights = args.weights or random_inception_file(Path(tmp) / "inception.pth")
         n_gen = len(image_files(Path(args.generated)))
         n_ref = len(image_files(Path(args.reference)))
         subset = min(args.kid_subset_size, n_gen, n_ref)

@@ -28,24 +28,10 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def inception_weights(tmp_path_factory) -> str:
-    """A random Inception state dict of torch-fidelity's shapes, made without a download: build
-    the module with its weight loading skipped, re-initialise the convolutions with He-normal
-    weights (the default init shrinks activations about 6x in variance per layer, so features
-    would come out near 1e-7 and FID near 1e-12), save the state."""
-    from torch_fidelity import feature_extractor_inceptionv3 as fe
+    """A random Inception file of torch-fidelity's shapes, made without a download."""
+    from maskgrpo_ray.evaluation.tiny import random_inception_file
 
-    path = tmp_path_factory.mktemp("inception") / "random_inception.pth"
-    mp = pytest.MonkeyPatch()
-    mp.setattr(fe.torch, "load", lambda *a, **k: None)
-    mp.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None)
-    torch.manual_seed(0)
-    model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], "unused")
-    mp.undo()
-    for m in model.modules():
-        if isinstance(m, torch.nn.Conv2d):
-            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-    torch.save(model.state_dict(), path)
-    return str(path)
+    return random_inception_file(tmp_path_factory.mktemp("inception") / "random_inception.pth")
 
 
 def write_images(folder, n: int, seed: int, base: int, size=(40, 40)) -> list[np.ndarray]:
@@ -73,6 +59,7 @@ def test_fid_kid_equal_torch_fidelity_on_the_same_folders(tmp_path, inception_we
         cuda=False,
         cache=False,
         verbose=False,
+        save_cpu_ram=True,  # no DataLoader worker processes (forked workers slow later BLAS calls)
     )
     # ours: batches of 2 (theirs: one batch of 64), generated images as a tensor, the
     # reference as a folder; subset 4 < 5 images, so KID also checks that the features come in
@@ -86,10 +73,12 @@ def test_fid_kid_equal_torch_fidelity_on_the_same_folders(tmp_path, inception_we
     )
     fid = FidKid(spec)
     ours = fid(torch.from_numpy(np.stack(arrays)))
-    # same features up to float32 batching noise, same formulas and seed
-    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-5)
-    assert ours["kid_mean"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-5)
-    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-4)
+    # the same features, formulas and KID seed: measured bitwise equal (batches of 2 vs 64 give
+    # the same float32 features here); the tolerance leaves room for other BLAS builds, and is
+    # 800x tighter than the KID change from feeding the same images in reverse order (8e-4)
+    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-6)
+    assert ours["kid_mean"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-6)
+    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-5)
     assert ours["kid_subset_size"] == 4 and ours["fid"] > 1.0  # bright vs dark: far apart
 
     # a folder of 3 images: subset 4 capped at 3, the reference features come from the cache
@@ -188,7 +177,7 @@ def test_clip_score_is_100_times_the_clipped_cosine(tmp_path):
     from maskgrpo_ray.rewards.tiny import register_tiny_clip
 
     name = register_tiny_clip(str(tmp_path))
-    torch.manual_seed(0)
+    torch.manual_seed(1)  # weights under which these images' cosines take both signs
     weights = tmp_path / "clip.pt"
     torch.save(ClipReward(name, None, device="cpu").model.state_dict(), weights)
     spec = MetricSpec(kind="clip_score", model=name, weights=str(weights), batch_size=2)
@@ -197,6 +186,7 @@ def test_clip_score_is_100_times_the_clipped_cosine(tmp_path):
     metric = build_sample_metric(spec, CPU)
     g = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (6, 64, 48, 3), dtype=torch.uint8, generator=g)
+    images[:3] //= 8  # three dark images
     prompts = ["a red cat", "a dog", "two cups", "a car", "a tree", "a red cat"]
     got = metric(images, prompts)
     # the definition straight from open_clip, one image at a time with its own transform
@@ -277,7 +267,7 @@ def test_pickscore_equals_the_models_own_logits(tmp_path):
             )
             want.append(model(**inputs).logits_per_image[0, 0])
     torch.testing.assert_close(got, torch.stack(want), atol=1e-5, rtol=1e-5)
-    assert got.dtype == torch.float32 and got.std() > 0 and got[0] == got[3]
+    assert got.dtype == torch.float32 and got.std() > 0
 
 
 def test_pickscore_missing_files_name_field_and_fix(tmp_path):
@@ -286,7 +276,7 @@ def test_pickscore_missing_files_name_field_and_fix(tmp_path):
         check_metric_files(spec, "eval.metrics[1]")
     msg = str(err.value)
     assert msg.startswith("eval.metrics[1].weights: ") and "PickScore_v1/config.json" in msg
-    assert "copy the Hugging Face folder of yuvalkirstain/PickScore_v1" in msg
+    assert "copy the whole Hugging Face folder of yuvalkirstain/PickScore_v1" in msg
     folder = tmp_path / "pick"
     tiny_pickscore(folder)
     spec = MetricSpec(kind="pickscore", weights=str(folder), processor=str(tmp_path))

@@ -156,3 +156,31 @@ def test_training_evaluation_reports_per_tag_figures():
     assert set(n) == {"single_object", "counting"}
     weighted = sum(out[f"eval_reward/{t}"] * k for t, k in n.items()) / len(tags)
     assert out["eval_reward"] == pytest.approx(weighted, rel=1e-5)
+
+
+def test_maskgrpo_eval_with_fid_against_a_reference_folder(tmp_path):
+    from PIL import Image
+
+    from maskgrpo_ray.evaluation.tiny import random_inception_file
+
+    weights = random_inception_file(tmp_path / "inception.pth")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(6):
+        arr = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=g).numpy()
+        Image.fromarray(arr).save(ref / f"{i}.png")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(
+        "one red dot on the left\ntwo blue dots on the top\none red dot on the left\n"
+    )
+    out = tmp_path / "out"
+    argv = ["eval", "--config", TOY, *sum((["--set", s] for s in SMALL), [])]
+    argv += ["--backend", "local", "--prompts", str(prompts), "--out", str(out)]
+    argv += ["--metric", f"kind=fid,weights={weights},reference_dir={ref},kid_subset_size=4"]
+    assert main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["prompts_dropped"] == {"duplicate": 1}
+    fid = report["set_metrics"]["base"]
+    assert fid["fid"] > 0 and fid["kid_subset_size"] == 4  # 2 prompts x 2 samples = 4 images
+    assert "geneval" not in report["means"]["base"]  # a plain text file has no metadata

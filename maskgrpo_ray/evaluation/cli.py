@@ -107,6 +107,13 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             specs.append(MetricSpec(**parse_metric(text)))
         except ValueError as err:
             raise ValueError(f"--metric #{k + 1} {text!r}: {err}") from err
+    labels = [ms.label for ms in specs]
+    repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if repeated:
+        raise ValueError(
+            f"eval.metrics / --metric: the labels {repeated} repeat; give each metric of the "
+            "same kind its own name=..."
+        )
     for k, ms in enumerate(specs):
         check_metric_files(ms, f"eval.metrics[{k}]")
     sources = []

@@ -189,7 +189,9 @@ def check_metric_files(spec: MetricSpec, where: str | None = None) -> None:
     if spec.kind == "fid":
         ref = Path(str(spec.reference_dir))
         if not ref.is_dir():
-            _missing(where, "reference_dir", ref, "is not a folder", "point it at the reference")
+            _missing(
+                where, "reference_dir", ref, "is not a folder", "point it at the reference images"
+            )
         if not image_files(ref):
             _missing(
                 where,
@@ -201,24 +203,28 @@ def check_metric_files(spec: MetricSpec, where: str | None = None) -> None:
 
 
 def _check_pickscore_folders(spec: MetricSpec, where: str) -> None:
+    """PickScore_v1's model folder (config and weights) and its processor folder."""
     weights = Path(str(spec.weights))
+    fix = "copy the whole Hugging Face folder of yuvalkirstain/PickScore_v1 here"
     if not (weights / "config.json").is_file():
-        fix = "copy the Hugging Face folder of yuvalkirstain/PickScore_v1 here"
         _missing(where, "weights", weights / "config.json", "is not a file", fix)
     if not any((weights / f).is_file() for f in _HF_WEIGHT_FILES):
-        fix = "copy the whole Hugging Face folder of yuvalkirstain/PickScore_v1 here"
         _missing(where, "weights", weights, f"holds none of {list(_HF_WEIGHT_FILES)}", fix)
     field, proc = ("processor", Path(spec.processor)) if spec.processor else ("weights", weights)
-    if not (proc / "preprocessor_config.json").is_file() or not any(
-        (proc / f).is_file() for f in ("tokenizer.json", "vocab.json")
-    ):
-        fix = (
-            "set processor to a local copy of laion/CLIP-ViT-H-14-laion2B-s32B-b79K "
-            "(PickScore's processor)"
-        )
-        _missing(where, field, proc, "lacks preprocessor_config.json or tokenizer files", fix)
+    for needed in _PROCESSOR_FILES:  # one of each group
+        if not any((proc / f).is_file() for f in needed):
+            fix = (
+                "set processor to a local copy of laion/CLIP-ViT-H-14-laion2B-s32B-b79K "
+                "(PickScore's processor)"
+            )
+            _missing(where, field, proc, f"holds none of {list(needed)}", fix)
 
 
+# the hub's folders have preprocessor_config.json, transformers 5 saves processor_config.json
+_PROCESSOR_FILES = (
+    ("preprocessor_config.json", "processor_config.json"),
+    ("tokenizer.json", "vocab.json"),
+)
 _HF_WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",

@@ -251,25 +251,13 @@ def evaluate_model(
     return ModelEval(model.label, model.source, samples, {}, info)
 
 
-def set_metrics(me: ModelEval, out: Path, specs: Sequence[Any]) -> None:
-    """FID/KID of a model's images against each fid spec's reference folder."""
-    from maskgrpo_ray.evaluation.metrics import FidKid
-
-    for spec in specs:
-        if spec.kind != "fid":
-            continue
-        name = spec.name or "fid"
-        figures = FidKid(spec)(_stack_images(me, out), spec.reference_dir)
+def set_metrics(me: ModelEval, out: Path, fids: dict[str, Any]) -> None:
+    """FID/KID of a model's images (its folder) against each fid spec's reference folder;
+    ``fids`` maps a label to its :class:`FidKid` (built once: reference features are kept)."""
+    for name, fid in fids.items():
+        figures = fid(out / me.label / "images")
         for k, v in figures.items():
             me.set_metrics[k if name == "fid" else f"{name}/{k}"] = float(v)
-
-
-def _stack_images(me: ModelEval, out: Path) -> torch.Tensor:
-    import numpy as np
-    from PIL import Image
-
-    arrays = [np.asarray(Image.open(out / str(s.image_path)).convert("RGB")) for s in me.samples]
-    return torch.from_numpy(np.stack(arrays))
 
 
 def publish(evals: Sequence[ModelEval]) -> dict[str, dict[str, float]]:
@@ -323,6 +311,7 @@ def run_eval(
     """Evaluate ``models`` (base first) on ``prompts``; write images, ``report.md`` and
     ``report.json`` under ``out``; returns the report's dict. Every input was checked by the
     caller (:func:`maskgrpo_ray.evaluation.cli.prepare`)."""
+    from maskgrpo_ray.evaluation.metrics import FidKid
     from maskgrpo_ray.evaluation.report import build_report
 
     out.mkdir(parents=True, exist_ok=True)
@@ -336,10 +325,11 @@ def run_eval(
         generator = RayGenerator(cfg, actors)
     try:
         score = scorers(cfg, metric_specs, metas is not None, torch.device("cpu"))
+        fids = {s.label: FidKid(s) for s in metric_specs if s.kind == "fid"}
         evals = []
         for model in models:
             me = evaluate_model(model, generator, prompts.records, metas, settings, score, out)
-            set_metrics(me, out, metric_specs)
+            set_metrics(me, out, fids)
             evals.append(me)
         table = publish(evals)
     finally:
