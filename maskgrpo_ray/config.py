@@ -391,6 +391,12 @@ class LearnerConfig(_Strict):
             "kind without it says so in a warning"
         ),
     )
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description="'bf16': the learner's forward passes under torch.autocast in bfloat16 "
+        "(float32 weights, gradients, optimizer and loss; the standard mixed precision). "
+        "learner.bf16 is DeepSpeed's bf16 mode instead (bf16 weights, float32 master copy)",
+    )
     weight_sync: Literal["auto", "object_store", "collective"] = Field(
         "auto",
         description=(
@@ -409,7 +415,7 @@ class EvalConfig(_Strict):
     """Held-out evaluation with a fixed seed; unset sampler fields default to the rollout's."""
 
     every_steps: int = Field(
-        0, ge=0, description="driver steps between evaluations; 0: only before and after training"
+        30, ge=0, description="driver steps between evaluations; 0: only before and after training"
     )
     samples_per_prompt: int = Field(32, ge=1, description="images per eval prompt")
     unmasking_steps: int | None = Field(

@@ -233,6 +233,7 @@ def apply_update(
             backward=backward,
             normalizer=normalizer,
             guards=s.guards,
+            autocast=s.autocast,
         )
         for _ in range(num_backward - calls[0]):
             opt.pad_backward()

@@ -406,8 +406,13 @@ def accumulate_gradients(
     backward: Any = None,
     normalizer: float | None = None,
     guards: LossGuards | None = None,
+    autocast: str = "off",
 ) -> dict[str, float]:
     """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
+
+    ``autocast="bf16"`` runs the policy's (and the reference's) forward under
+    ``torch.autocast`` in bfloat16 (weights, gradients and the loss stay float32; the
+    log-probabilities are cast back to float32 before the ratio).
 
     The loss of each micro-batch is divided by the number of pairs of the whole update
     (``normalizer``; default this batch's), so the accumulated gradient is that of the mean.
@@ -424,13 +429,16 @@ def accumulate_gradients(
         s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
         query = pair_query(batch, s, t, policy.codebook_size, next(policy.parameters()).device)
         cond = batch.cond_ids[s]
-        logp = unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query)
-        ref = None
-        if ref_policy is not None and kl_coef > 0:
-            with torch.no_grad():  # the same states (and masks) as the policy's
-                ref = unit_log_probs(
-                    ref_policy, cond, batch.guidance_scale, batch.temperature, query
-                )
+        device = next(policy.parameters()).device
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+            logp = unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query)
+            ref = None
+            if ref_policy is not None and kl_coef > 0:
+                with torch.no_grad():  # the same states (and masks) as the policy's
+                    ref = unit_log_probs(
+                        ref_policy, cond, batch.guidance_scale, batch.temperature, query
+                    ).float()
+        logp = logp.float()
         dev = logp.device
         old = batch.old_logp[s, t].to(dev)
         per_token = guards.kl_normalization == "per_token"

@@ -73,6 +73,7 @@ class UpdateSettings:
     adam_betas: tuple[float, float]
     seed: int  # the run's seed; the step-selection stream is seeded from it
     cycle_units: bool = False  # inner update i trains unit i mod U only (forward: one draw)
+    autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ def settings_from_config(cfg: Config) -> RunSettings:
         adam_betas=t.adam_betas,
         seed=cfg.run.seed,
         cycle_units=forward is not None and cfg.likelihood.forward.draws_per_update == "one",
+        autocast=cfg.learner.autocast,
     )
     learner = LearnerSettings(
         num_workers=lc.num_workers,
