@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import ray
 import torch
@@ -48,6 +49,13 @@ class RewardActor:
         self.reward = reward
         self.batches = 0
         self.failures: dict[str, dict[str, int]] = {}
+        self.prompt_meta: dict[str, Any] | None = None
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> int:
+        """Prompt text -> its metadata (the prompt files' other fields), for reward components
+        that read it (``uses_prompt_metadata``); returns the number of prompts."""
+        self.prompt_meta = table
+        return len(table)
 
     def ready(self) -> int:
         return self.actor_id
@@ -62,7 +70,7 @@ class RewardActor:
         t0 = time.perf_counter()
         if images is not None:
             batch = batch.with_images(images)
-        scored = score_rewards(self.reward, batch)
+        scored = score_rewards(self.reward, batch, self.prompt_meta)
         self.batches += 1
         self.failures = merge_reward_failures(self.failures, scored.reward_failures)
         m = process_metrics()

@@ -56,6 +56,12 @@ class RolloutActor:
         self.chunks = 0
         self._eval_reward: Any = None
         self._sync: Any = None  # a Channel once the run uses the collective weight sync
+        self.prompt_meta: dict[str, Any] | None = None
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> int:
+        """Prompt text -> its metadata, for the evaluation's reward (``eval_unit``)."""
+        self.prompt_meta = table
+        return len(table)
 
     def ready(self) -> int:
         return self.actor_id
@@ -138,7 +144,8 @@ class RolloutActor:
         per-sample ``reward`` (and ``accuracy``) ``[N]`` (``evaluation.generation``)."""
         if self._eval_reward is None:
             self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
-        return unit_rewards(self._eval_reward, generate_unit(self.policy, unit, self.evaluation))
+        batch = generate_unit(self.policy, unit, self.evaluation)
+        return unit_rewards(self._eval_reward, batch, self.prompt_meta)
 
     def eval_rollout(self, unit: EvalUnit) -> RolloutBatch:
         """One evaluation unit's rollout (images ``[N, H, W, 3]``, prompt-major) with the

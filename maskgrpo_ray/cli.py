@@ -140,6 +140,9 @@ def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> di
         ex = RayExecutor(cfg)
         train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))
         eval_prompts, _ = keep_valid_prompts(eval_prompts, batched_check(ex, eval_prompts))
+    table = {r.text: r.meta for r in (*train_records, *eval_records) if r.meta}
+    if table:  # the prompt files' metadata, for rewards that read it
+        ex.set_prompt_metadata(table)
     stream = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)
     tag_of = {r.text: (r.meta or {}).get("tag") for r in eval_records}
     evals: list[str] | EvalSet = eval_prompts

@@ -248,7 +248,10 @@ class LikelihoodConfig(_Strict):
 class RewardComponent(_Strict):
     """One term of the reward: a registered scorer, its weight and its arguments."""
 
-    kind: str = Field(description="registered reward kind: toy_rules, clip, imagereward")
+    kind: str = Field(
+        description="registered reward kind: toy_rules, toy_geneval (reads each prompt's "
+        "GenEval metadata), clip, imagereward"
+    )
     weight: float = Field(1.0, description="weight of this component in the summed reward")
     args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of the reward kind (paths, ...)"

@@ -42,6 +42,11 @@ class LocalExecutor:
         self.ref_policy = reference_policy(up, policy)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.policy_version = 0
+        self.prompt_meta: dict[str, Any] | None = None
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> None:
+        """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
+        self.prompt_meta = table
 
     def generate_and_score(
         self, prompts: list[str], positions: list[int], with_images: bool = True
@@ -55,7 +60,7 @@ class LocalExecutor:
             generator=self.generator,
             **self.settings.rollout.kwargs(),
         )
-        return score(self.reward, rb)
+        return score(self.reward, rb, self.prompt_meta)
 
     def filter(self, scored: ScoredBatch) -> FilterResult:
         return filter_groups(scored, self.filt)
@@ -82,7 +87,9 @@ class LocalExecutor:
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None
     ) -> dict[str, float]:
-        return evaluate_rewards(self.policy, self.reward, prompts, self.settings.eval, tags)
+        return evaluate_rewards(
+            self.policy, self.reward, prompts, self.settings.eval, tags, self.prompt_meta
+        )
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {

@@ -6,7 +6,7 @@ one per actor method. Nothing here imports ray.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,12 +141,16 @@ def generate(
 REWARD_FAILURE_KINDS = ("raised", "nonfinite", "bad_shape")
 
 
-def score(reward: Any, batch: RolloutBatch) -> ScoredBatch:
+def score(
+    reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
+) -> ScoredBatch:
     """:func:`score_rewards` joined with the rollout (the single-process path)."""
-    return ScoredBatch.join(batch, score_rewards(reward, batch))
+    return ScoredBatch.join(batch, score_rewards(reward, batch, prompt_meta))
 
 
-def score_rewards(reward: Any, batch: RolloutBatch) -> RewardResult:
+def score_rewards(
+    reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
+) -> RewardResult:
     """Score a rollout's images, each reward component on its own; a failure never stops the run.
 
     The total is the composite's ``r = sum_k w_k r_k`` (a plain reward is one component, named
@@ -157,8 +161,13 @@ def score_rewards(reward: Any, batch: RolloutBatch) -> RewardResult:
     ``reward_failures[k][kind]`` with ``kind`` one of :data:`REWARD_FAILURE_KINDS` (zeros
     included, so every component is always reported). A failing ``accuracy`` (logging only,
     never trained on) is NaN and counted under ``"accuracy"``.
+
+    A component with ``uses_prompt_metadata = True`` is called ``fn(images, prompts, metas)``
+    with each image's prompt metadata from ``prompt_meta`` (prompt text -> its metadata, e.g.
+    GenEval's ``tag``/``include``; None where a prompt has none).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
+    metas = [(prompt_meta or {}).get(p) for p in prompts]
     check_reward_inputs(batch.images, prompts)
     if hasattr(reward, "rewards") and hasattr(reward, "weights"):  # CompositeReward
         components, weights = dict(reward.rewards), dict(reward.weights)
@@ -169,26 +178,36 @@ def score_rewards(reward: Any, batch: RolloutBatch) -> RewardResult:
     parts: dict[str, torch.Tensor] = {}
     failures: dict[str, dict[str, int]] = {}
     for name, fn in components.items():
-        parts[name], failures[name] = _score_component(name, fn, batch, prompts)
+        parts[name], failures[name] = _score_component(name, fn, batch, prompts, metas)
         total += weights[name] * parts[name]  # NaN stays NaN whatever the weight
     acc = None
     acc_fn = accuracy_fn(reward)
     if acc_fn is not None:
-        acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts)
+        acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts, metas)
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
     return RewardResult(total, parts, acc, failures)
 
 
 def _score_component(
-    name: str, fn: Any, batch: RolloutBatch, prompts: list[str]
+    name: str,
+    fn: Any,
+    batch: RolloutBatch,
+    prompts: list[str],
+    metas: list[Any],
 ) -> tuple[torch.Tensor, dict[str, int]]:
-    """One component's float32 ``[N]`` values (NaN where lost) and its failure counts."""
+    """One component's float32 ``[N]`` values (NaN where lost) and its failure counts. A
+    component (or the reward a bound ``accuracy`` belongs to) with ``uses_prompt_metadata``
+    gets the metadata as a third argument."""
     n = len(prompts)
     counts = dict.fromkeys(REWARD_FAILURE_KINDS, 0)
     lost = torch.full((n,), float("nan"))
+    owner = getattr(fn, "__self__", None)
+    with_meta = bool(
+        getattr(fn, "uses_prompt_metadata", getattr(owner, "uses_prompt_metadata", False))
+    )
     try:
-        out = fn(batch.images, prompts)
+        out = fn(batch.images, prompts, metas) if with_meta else fn(batch.images, prompts)
     except Exception as err:  # noqa: BLE001 - a reward failure is counted, never fatal
         counts["raised"] = n
         _warn_lost(name, "raised", batch, torch.ones(n, dtype=torch.bool), repr(err))

@@ -78,6 +78,7 @@ class RayExecutor:
         self._warm_model_cache(cfg)
         self.policy_version = 0
         self._calls_this_version = 0
+        self.prompt_meta: Any = None  # an object-store ref to prompt text -> metadata
         self._ahead: ThreadPoolExecutor | None = None  # asynchronous rollouts (max_policy_lag)
         self.last_sync_bytes = 0
         self.control, self.control_name = start_control_actor(cfg.run.name)
@@ -191,6 +192,11 @@ class RayExecutor:
         except (RayActorError, RuntimeError, TimeoutError, ray.exceptions.GetTimeoutError) as err:
             log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
             return None
+        try:
+            self._send_prompt_metadata([fresh])
+        except (RayActorError, ray.exceptions.GetTimeoutError) as err:
+            log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
+            return None
         self.last_recovery_s = time.perf_counter() - t0
         self.events.append((time.monotonic(), role, "replaced"))
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": role})
@@ -238,7 +244,19 @@ class RayExecutor:
         rep = self.sync.push(self.learner, [member.handle], self.policy_version)
         if rep.failed:
             raise RuntimeError("the new rollout actor died while receiving weights")
+        self._send_prompt_metadata([member])
         return member.actor_id
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> None:
+        """Prompt text -> its metadata, to every reward and rollout actor (and to every
+        replacement later), for rewards that read it (``uses_prompt_metadata``)."""
+        self.prompt_meta = ray.put(table)
+        self._send_prompt_metadata([*self.rewards.members, *self.rollouts.members])
+
+    def _send_prompt_metadata(self, members: list[Member]) -> None:
+        if self.prompt_meta is not None and members:
+            refs = [m.handle.set_prompt_metadata.remote(self.prompt_meta) for m in members]
+            ray.get(refs, timeout=self.timeout_s)
 
     def remove_rollout_actor(self, actor_id: int | None = None) -> int:
         """Stop a rollout actor (the newest by default) between steps; its id."""

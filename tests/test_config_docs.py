@@ -60,7 +60,8 @@ def test_docs_config_md_is_generated():
     "row",
     [
         "| `unmasking_steps` | `int, >= 1` | `8` | S, unmasking steps in training rollouts |",
-        "| `kind` | `str` | required | registered reward kind: toy_rules, clip, imagereward |",
+        "| `kind` | `str` | required | registered reward kind: toy_rules, toy_geneval (reads "
+        "each prompt's GenEval metadata), clip, imagereward |",
         "| `transition` | `'p1' \\| 'p2' \\| 'ar'` | `\"p1\"` |",
         "| `rollout.num_steps` | `rollout.unmasking_steps` |",
     ],

@@ -11,7 +11,7 @@ so the images do not depend on the number of rollout actors. The evaluation insi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,12 @@ def generate_unit(
     )
 
 
-def unit_rewards(reward: Any, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+def unit_rewards(
+    reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
     """The training reward on an evaluation unit: ``reward`` ``[N]`` and, where the reward
     defines one, ``accuracy`` ``[N]`` (NaN where scoring failed)."""
-    result = score_rewards(reward, batch)
+    result = score_rewards(reward, batch, prompt_meta)
     out = {"reward": result.rewards}
     if result.accuracy is not None:
         out["accuracy"] = result.accuracy
@@ -116,9 +118,12 @@ def evaluate_rewards(
     prompts: Sequence[str],
     settings: EvalSettings,
     tags: Sequence[str | None] | None = None,
+    prompt_meta: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation in one process: every unit generated and scored with the training
-    reward, summarised (:func:`summarize`)."""
+    reward (given ``prompt_meta``: prompt text -> metadata), summarised (:func:`summarize`)."""
     units = make_units(prompts, settings)
-    per_unit = [unit_rewards(reward, generate_unit(policy, u, settings)) for u in units]
+    per_unit = [
+        unit_rewards(reward, generate_unit(policy, u, settings), prompt_meta) for u in units
+    ]
     return summarize(per_unit, tags)

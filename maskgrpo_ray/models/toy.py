@@ -247,7 +247,8 @@ def _check(cfg: Config) -> None:
 
 
 def _reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, int]:
-    return {"grid": model.toy.grid} if reward_kind == "toy_rules" else {}  # the image's grid
+    toy_kinds = ("toy_rules", "toy_geneval")
+    return {"grid": model.toy.grid} if reward_kind in toy_kinds else {}  # the image's grid
 
 
 def toy_prompts(split: str) -> list[str]:

@@ -187,6 +187,7 @@ _BUILTIN_KIND_MODULES = {
     "clip": "maskgrpo_ray.rewards.clip",
     "imagereward": "maskgrpo_ray.rewards.imagereward",
     "toy_rules": "maskgrpo_ray.rewards.rules",
+    "toy_geneval": "maskgrpo_ray.rewards.rules",
 }
 
 

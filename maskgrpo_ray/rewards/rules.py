@@ -76,3 +76,53 @@ def build_toy_rules(grid: int = 4, name: str = "toy_rules") -> ToyRuleReward:
     r = ToyRuleReward(grid)
     r.name = name
     return r
+
+
+class ToyGenEvalReward:
+    """GenEval's rule (``evaluation.geneval``) on the toy world's pixels, from each prompt's
+    metadata rather than its text: ``reward(images, prompts, metas) -> float [N]`` in {0, 1}.
+
+    Reads the prompt files' metadata (``uses_prompt_metadata``: the scorer passes each image's
+    prompt metadata). A prompt without GenEval metadata is an error for its batch (the scorer
+    counts the lost samples and the run goes on), never a silent guess from the text.
+    """
+
+    name = "toy_geneval"
+    uses_prompt_metadata = True
+
+    def __init__(self, grid: int = 4) -> None:
+        self.grid = grid
+
+    def __call__(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metas: Sequence[dict | None] | None = None,
+    ) -> torch.Tensor:
+        from maskgrpo_ray.evaluation.geneval import score_toy
+
+        metas = list(metas) if metas is not None else [None] * len(prompts)
+        for prompt, meta in zip(prompts, metas, strict=True):
+            if not meta or "include" not in meta:
+                raise ValueError(
+                    f"toy_geneval reward: prompt {prompt!r} has no GenEval metadata; use a "
+                    "prompts file with tag/include per line (maskgrpo prompts make --kind toy)"
+                )
+        full = [{**m, "prompt": p} for p, m in zip(prompts, metas, strict=True) if m]
+        return score_toy(images, full, self.grid)["geneval"]
+
+    def accuracy(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metas: Sequence[dict | None] | None = None,
+    ) -> torch.Tensor:
+        return self(images, prompts, metas)
+
+
+@register_reward("toy_geneval")
+def build_toy_geneval(grid: int = 4, name: str = "toy_geneval") -> ToyGenEvalReward:
+    """Factory for ``build_reward``: ``grid`` must match the toy model's ``model.toy.grid``."""
+    r = ToyGenEvalReward(grid)
+    r.name = name
+    return r
