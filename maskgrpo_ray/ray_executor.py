@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,26 @@ from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_chunks import Chunk, ChunkScheduler, chunk_seed, make_chunks, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.ray_metrics import process_metrics
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.settings import RunSettings, settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
 FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails
+
+
+def rollout_pool(
+    s: RunSettings, timeout_s: float, on_size: Callable[[int], None] | None = None
+) -> ActorPool:
+    """A pool of rollout actors of the settings' model (spawned by the caller)."""
+    return ActorPool(
+        "rollout",
+        lambda i, opts: RemoteRolloutActor.options(**opts).remote(
+            s.model, s.rollout, s.eval, s.reward, s.rollout_resources.num_gpus, i
+        ),
+        s.rollout_resources,
+        timeout_s,
+        on_size=on_size,
+    )
 
 
 class RayExecutor:
@@ -98,14 +114,8 @@ class RayExecutor:
             s.reward_resources,
             timeout_s,
         )
-        self.rollouts = ActorPool(
-            "rollout",
-            lambda i, opts: RemoteRolloutActor.options(**opts).remote(
-                s.model, s.rollout, s.eval, s.reward, s.rollout_resources.num_gpus, i
-            ),
-            s.rollout_resources,
-            timeout_s,
-            on_size=lambda n: self.metrics.gauge("maskgrpo_rollout_actors", n),
+        self.rollouts = rollout_pool(
+            s, timeout_s, on_size=lambda n: self.metrics.gauge("maskgrpo_rollout_actors", n)
         )
         for _ in range(cfg.reward.num_actors):
             self.rewards.spawn()

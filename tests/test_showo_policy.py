@@ -218,16 +218,10 @@ def test_policy_from_config_section(tmp_path):
     assert torch.equal(loaded.tokenize(PROMPTS), tiny.tokenize(PROMPTS))
 
 
-def test_activation_checkpointing_knob_gives_the_same_update():
-    """``learner.activation_checkpointing``: the learner's whole gradient accumulation over a
-    real rollout (tiny Show-o, CFG, 4 steps, micro-batches of 3 pairs that mix samples and
-    steps) gives the same loss and gradients with and without (tolerance 1e-6 abs / 1e-5 rel:
-    the recomputed forward runs the same kernels). The toy model has no such mode and says so."""
-    import copy
-
-    from maskgrpo_ray.learner_core import apply_activation_checkpointing
-    from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-    from maskgrpo_ray.phases import accumulate_gradients, generate
+def _train_batch():
+    """A tiny Show-o and a train batch of its real rollout: 2 prompts x 2 samples, CFG, 4
+    unmasking steps, advantages summing to 0."""
+    from maskgrpo_ray.phases import generate
     from maskgrpo_ray.types import TrainBatch
 
     base = _policy()
@@ -244,7 +238,21 @@ def test_activation_checkpointing_knob_gives_the_same_update():
         policy_version=0,
         generator=torch.Generator().manual_seed(0),
     )
-    batch = TrainBatch.from_rollout(rb, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    return base, TrainBatch.from_rollout(rb, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+
+
+def test_activation_checkpointing_knob_gives_the_same_update():
+    """``learner.activation_checkpointing``: the learner's whole gradient accumulation over a
+    real rollout (tiny Show-o, CFG, 4 steps, micro-batches of 3 pairs that mix samples and
+    steps) gives the same loss and gradients with and without (tolerance 1e-6 abs / 1e-5 rel:
+    the recomputed forward runs the same kernels). The toy model has no such mode and says so."""
+    import copy
+
+    from maskgrpo_ray.learner_core import apply_activation_checkpointing
+    from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
+    from maskgrpo_ray.phases import accumulate_gradients
+
+    base, batch = _train_batch()
     out = []
     for on in (False, True):
         policy = copy.deepcopy(base).train()
@@ -273,24 +281,9 @@ def test_bf16_autocast_update_is_close_to_float32():
     took effect). Weights stay float32."""
     import copy
 
-    from maskgrpo_ray.phases import accumulate_gradients, generate
-    from maskgrpo_ray.types import TrainBatch
+    from maskgrpo_ray.phases import accumulate_gradients
 
-    base = _policy()
-    rb = generate(
-        base,
-        PROMPTS[:2],
-        [0, 1],
-        group_size=2,
-        num_steps=4,
-        temperature=1.0,
-        gumbel_temperature=0.0,
-        guidance_scale=1.5,
-        transition="p1",
-        policy_version=0,
-        generator=torch.Generator().manual_seed(0),
-    )
-    batch = TrainBatch.from_rollout(rb, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    base, batch = _train_batch()
     out = []
     for mode in ("off", "bf16"):
         policy = copy.deepcopy(base).train()

@@ -99,21 +99,12 @@ class RayGenerator:
     def __init__(self, cfg: Config, actors: int, timeout_s: float = 600.0) -> None:
         import ray
 
-        from maskgrpo_ray.actors.pool import ActorPool
-        from maskgrpo_ray.actors.rollout import RemoteRolloutActor
         from maskgrpo_ray.ray_cluster import connect
+        from maskgrpo_ray.ray_executor import rollout_pool
 
-        s = settings_from_config(cfg)
         self.timeout_s, self.actors = timeout_s, actors
         self.cluster = connect(cfg.run.ray_address, cfg.run.num_cpus, None)
-        self.pool = ActorPool(
-            "rollout",
-            lambda i, opts: RemoteRolloutActor.options(**opts).remote(
-                s.model, s.rollout, s.eval, s.reward, s.rollout_resources.num_gpus, i
-            ),
-            s.rollout_resources,
-            timeout_s,
-        )
+        self.pool = rollout_pool(settings_from_config(cfg), timeout_s)
         self.pool.start(actors)
         self._state: Any = None
         self._version = 0
