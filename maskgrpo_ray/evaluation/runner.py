@@ -304,6 +304,7 @@ def run_eval(
     caller (:func:`maskgrpo_ray.evaluation.cli.prepare`)."""
     from maskgrpo_ray.evaluation.metrics import FidKid
     from maskgrpo_ray.evaluation.report import build_report
+    from maskgrpo_ray.rewards.base import default_device
 
     out.mkdir(parents=True, exist_ok=True)
     settings = settings_from_config(cfg).eval
@@ -315,8 +316,9 @@ def run_eval(
     else:
         generator = RayGenerator(cfg, actors)
     try:
-        score = scorers(cfg, metric_specs, metas is not None, torch.device("cpu"))
-        fids = {s.label: FidKid(s) for s in metric_specs if s.kind == "fid"}
+        device = default_device(None)  # this process's GPU when it has one
+        score = scorers(cfg, metric_specs, metas is not None, device)
+        fids = {s.label: FidKid(s, device) for s in metric_specs if s.kind == "fid"}
         evals = []
         for model in models:
             me = evaluate_model(model, generator, prompts.records, metas, settings, score, out)
