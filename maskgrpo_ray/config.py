@@ -453,7 +453,9 @@ class EvalConfig(_Strict):
 class DataConfig(_Strict):
     """Prompts for training and evaluation."""
 
-    prompts: str = Field("toy", description="'toy' (built-in grammar) or a .txt/.json/.jsonl file")
+    prompts: str = Field(
+        "toy", description="'toy' (built-in grammar) or a .txt/.json/.jsonl/.parquet file"
+    )
     eval_prompts: str | None = Field(None, description="eval prompts file (default: data.prompts)")
     prompt_column: str | None = Field(
         None,

@@ -12,13 +12,15 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.evaluation.geneval import TAGS as GENEVAL_TAGS
 from maskgrpo_ray.models.registry import get_prompt_set
 
 log = logging.getLogger(__name__)
 
 
-GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 TEXT_KEYS = ("prompt", "caption")
+FORMATS = (".txt", ".json", ".jsonl", ".parquet")
+_COLUMN_FIX = "set data.prompt_column (or --prompt-column) to the one that holds the prompt text"
 
 
 class PromptDataError(ValueError):
@@ -42,7 +44,7 @@ class PromptRecord:
 @dataclass(frozen=True)
 class LoadedPrompts:
     """The prompts of a file or prompt set, after dropping blanks and duplicates
-    (``dropped``: reason -> count)."""
+    (``dropped``: reason -> count, reasons ``"blank"`` and ``"duplicate"``)."""
 
     records: list[PromptRecord]
     dropped: dict[str, int] = field(default_factory=dict)
@@ -53,8 +55,22 @@ class LoadedPrompts:
         return [r.text for r in self.records]
 
 
-def _norm(text: str) -> str:
-    return " ".join(str(text).split())
+def normalize_text(text: str) -> str:
+    """Strip and collapse every run of whitespace to one space: the form prompts are compared,
+    deduplicated and excluded in."""
+    return " ".join(text.split())
+
+
+def _text(value: Any, where: str, key: str) -> str:
+    """A text field's value, normalised; null is a blank prompt (dropped and counted)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PromptDataError(
+            f"{where}: field {key!r} holds {type(value).__name__} {value!r}, not text; "
+            f"write the prompt as a string, or {_COLUMN_FIX}"
+        )
+    return normalize_text(value)
 
 
 def _object_record(item: dict[str, Any], column: str | None, where: str) -> PromptRecord:
@@ -66,136 +82,217 @@ def _object_record(item: dict[str, Any], column: str | None, where: str) -> Prom
             f"{keys}; set data.prompt_column (or --prompt-column) to the key that holds it"
         )
     meta = {k: v for k, v in item.items() if k != key}
-    return PromptRecord(_norm(item[key]), meta or None, where)
+    return PromptRecord(_text(item[key], where, key), meta or None, where)
+
+
+def _item_record(item: Any, column: str | None, where: str) -> PromptRecord:
+    if isinstance(item, str):
+        return PromptRecord(normalize_text(item), None, where)
+    if isinstance(item, dict):
+        return _object_record(item, column, where)
+    raise PromptDataError(
+        f"{where}: expected a prompt string or an object with a {'/'.join(TEXT_KEYS)} key, "
+        f"found {type(item).__name__} {item!r}; fix that entry"
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptDataError(
+            f"{path}: not UTF-8 text (byte {err.start}); re-encode the file as UTF-8"
+        ) from err
+
+
+def _json_records(path: Path, column: str | None) -> list[PromptRecord]:
+    try:
+        items = json.loads(_read_text(path) or "[]")
+    except json.JSONDecodeError as err:
+        raise PromptDataError(
+            f"{path}: not valid JSON ({err}); a .json prompts file holds a list of strings or "
+            f"of objects with a {' or '.join(repr(k) for k in TEXT_KEYS)} key"
+        ) from err
+    if not isinstance(items, list):
+        raise PromptDataError(
+            f"{path}: expected a JSON list of prompts, found a {type(items).__name__}; write a "
+            'list such as [{"caption": "..."}], or one object a line in a .jsonl file'
+        )
+    return [_item_record(it, column, f"{path}[{i}]") for i, it in enumerate(items)]
+
+
+def _jsonl_records(path: Path, column: str | None) -> list[PromptRecord]:
+    out = []
+    for i, line in enumerate(_read_text(path).splitlines()):
+        where = f"{path}:{i + 1}"
+        if not line.strip():
+            out.append(PromptRecord("", None, where))  # a blank line: dropped and counted
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise PromptDataError(
+                f"{where}: not valid JSON ({err.msg} at column {err.colno}); a .jsonl file holds "
+                "one JSON object (or string) per line: fix or remove that line"
+            ) from err
+        out.append(_item_record(item, column, where))
+    return out
+
+
+def _parquet_records(path: Path, column: str | None) -> list[PromptRecord]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as err:
+        raise PromptDataError(
+            f"{path}: not a readable Parquet file ({err}); check the file, or give the prompts "
+            "as .txt, .json or .jsonl"
+        ) from err
+    keys = [column] if column else list(TEXT_KEYS)
+    key = next((k for k in keys if k in schema.names), None)
+    if key is None:
+        raise PromptDataError(
+            f"{path}: no column {' or '.join(repr(k) for k in keys)}; its columns are "
+            f"{schema.names}; {_COLUMN_FIX}"
+        )
+    kind = schema.field(key).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise PromptDataError(
+            f"{path}: column {key!r} holds {kind}, not text; its columns are {schema.names}; "
+            f"{_COLUMN_FIX}"
+        )
+    rows = pq.read_table(path).to_pylist()
+    return [
+        PromptRecord(_text(r.pop(key), f"{path} row {i}", key), r or None, f"{path} row {i}")
+        for i, r in enumerate(rows)
+    ]
 
 
 def _file_records(path: Path, column: str | None) -> list[PromptRecord]:
     """Every record of a prompts file, blanks included (dropped later, counted)."""
-    name = str(path)
-    if path.suffix == ".txt":
-        lines = path.read_text().splitlines()
-        return [PromptRecord(_norm(x), None, f"{name}:{i + 1}") for i, x in enumerate(lines)]
-    if path.suffix in (".json", ".jsonl"):
-        if path.suffix == ".json":
-            try:
-                items = json.loads(path.read_text() or "[]")
-            except json.JSONDecodeError as err:
-                raise PromptDataError(
-                    f"{name}: not valid JSON ({err}); expected a list of strings or of objects "
-                    'with a "prompt" or "caption" key'
-                ) from err
-            if not isinstance(items, list):
-                raise PromptDataError(
-                    f"{name}: expected a JSON list of prompts, found {type(items).__name__}"
-                )
-            numbered = [(f"{name}[{i}]", it) for i, it in enumerate(items)]
-        else:
-            numbered = []
-            for i, line in enumerate(path.read_text().splitlines()):
-                if not line.strip():
-                    continue
-                try:
-                    numbered.append((f"{name}:{i + 1}", json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise PromptDataError(
-                        f"{name}:{i + 1}: not valid JSON ({err.msg}); a .jsonl file holds one "
-                        "JSON object (or string) per line"
-                    ) from err
-        out = []
-        for where, it in numbered:
-            if isinstance(it, str):
-                out.append(PromptRecord(_norm(it), None, where))
-            elif isinstance(it, dict):
-                out.append(_object_record(it, column, where))
-            else:
-                raise PromptDataError(f"{where}: expected a string or an object, found {it!r}")
-        return out
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        names = pq.read_schema(path).names
-        keys = [column] if column else list(TEXT_KEYS)
-        key = next((k for k in keys if k in names), None)
-        if key is None:
-            raise PromptDataError(
-                f"{name}: no column {' or '.join(repr(k) for k in keys)}; its columns are "
-                f"{names}; set data.prompt_column (or --prompt-column) to the one that holds "
-                "the prompt text"
-            )
-        rows = pq.read_table(path).to_pylist()
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        lines = _read_text(path).splitlines()
         return [
-            PromptRecord(_norm(r.pop(key) or ""), r or None, f"{name} row {i}")
-            for i, r in enumerate(rows)
+            PromptRecord(normalize_text(x), None, f"{path}:{i + 1}") for i, x in enumerate(lines)
         ]
+    if suffix == ".json":
+        return _json_records(path, column)
+    if suffix == ".jsonl":
+        return _jsonl_records(path, column)
+    if suffix == ".parquet":
+        return _parquet_records(path, column)
     raise PromptDataError(
-        f"{name}: unknown prompts format {path.suffix!r}; use .txt, .json, .jsonl or .parquet"
+        f"{path}: unknown prompts format {path.suffix!r}; use one of {', '.join(FORMATS)} "
+        "(docs/prompts.md)"
     )
+
+
+def _set_records(spec: str, split: str) -> list[PromptRecord]:
+    """A registered prompt set's ``split``; the toy grammar's captions carry GenEval metadata."""
+    prompt_set = get_prompt_set(spec)
+    assert prompt_set is not None
+    records = []
+    for i, text in enumerate(prompt_set(split)):
+        meta = None
+        if spec == "toy":
+            from maskgrpo_ray.toyworld import Caption
+
+            meta = dict(Caption.parse(text).geneval_metadata())
+            meta.pop("prompt")
+        records.append(PromptRecord(normalize_text(text), meta, f"{spec}[{split}][{i}]"))
+    return records
+
+
+def dedupe(records: Sequence[PromptRecord], spec: str) -> LoadedPrompts:
+    """Drop blank texts and repeats of a text (the first occurrence is kept, whatever the
+    metadata of the later ones), counting each reason; one log line says what went and why."""
+    kept: list[PromptRecord] = []
+    first: dict[str, PromptRecord] = {}
+    blank: list[str] = []
+    repeats: list[str] = []
+    conflicts = 0
+    for r in records:
+        if not r.text:
+            blank.append(r.source)
+        elif r.text in first:
+            repeats.append(f"{r.source} repeats {first[r.text].source}")
+            conflicts += r.meta != first[r.text].meta
+        else:
+            first[r.text] = r
+            kept.append(r)
+    dropped = {k: len(v) for k, v in (("blank", blank), ("duplicate", repeats)) if v}
+    if dropped:
+        log.warning(
+            "%s: kept %d prompts; dropped %d blank (e.g. %s) and %d repeated texts, the first "
+            "occurrence kept (e.g. %s; %d of the repeats had other metadata, which was dropped)",
+            spec,
+            len(kept),
+            len(blank),
+            ", ".join(blank[:3]) or "-",
+            len(repeats),
+            "; ".join(repeats[:3]) or "-",
+            conflicts,
+        )
+    else:
+        log.info("%s: %d prompts, no blank or repeated text", spec, len(kept))
+    return LoadedPrompts(kept, dropped, spec)
+
+
+def _check_tags(records: Sequence[PromptRecord]) -> None:
+    for r in records:
+        tag = (r.meta or {}).get("tag")
+        if tag not in GENEVAL_TAGS:
+            what = "has no field 'tag'" if tag is None else f"has field 'tag' = {tag!r}"
+            raise PromptDataError(
+                f"{r.source}: prompt {r.text!r} {what}; GenEval metadata needs a tag, one of "
+                f"{list(GENEVAL_TAGS)}, on every line: add it (with 'include', see "
+                "docs/prompts.md), write the file with `maskgrpo prompts make --kind geneval`, "
+                "or do not require tags"
+            )
 
 
 def load_prompt_records(
     spec: str, split: str = "train", *, column: str | None = None, require_tag: bool = False
 ) -> LoadedPrompts:
     """A registered prompt set's ``split`` (``"toy"``: the toy grammar's train or held-out eval
-    split, with GenEval-style metadata), else a prompts file.
+    split, with GenEval-style metadata; other sets: no metadata), else a prompts file.
 
     Files: ``.txt`` one prompt a line; ``.json`` a list of strings or of objects (the official
     release's ``{"caption": ...}``); ``.jsonl`` one object or string a line (GenEval's
     ``evaluation_metadata.jsonl``); ``.parquet`` one column. The text is ``column``, else
     ``"prompt"``, else ``"caption"``; the other keys or columns travel as ``meta``. Whitespace
-    is normalised; blanks and repeated texts (the first is kept, whatever its metadata) are
-    dropped and counted. Raises :class:`PromptDataError` naming the file, the field and the fix.
-    """
-    prompt_set = get_prompt_set(spec)
-    if prompt_set is not None:
-        records = []
-        for i, text in enumerate(prompt_set(split)):
-            meta = None
-            if spec == "toy":
-                from maskgrpo_ray.toyworld import Caption
+    is normalised (:func:`normalize_text`); blanks and repeated texts are dropped and counted
+    (:func:`dedupe`: the first occurrence is kept, whatever its metadata, in either split).
+    ``require_tag``: every prompt must carry a GenEval ``tag``.
 
-                meta = {k: v for k, v in Caption.parse(text).geneval_metadata().items()}
-                meta.pop("prompt")
-            records.append(PromptRecord(_norm(text), meta, f"{spec}[{split}][{i}]"))
+    Raises:
+        PromptDataError: naming the file, the field (line or row) and the fix, at load, before
+            any actor starts; :class:`PromptFileMissing` (also a FileNotFoundError) for a
+            missing file.
+    """
+    if get_prompt_set(spec) is not None:
+        records = _set_records(spec, split)
     else:
         path = Path(spec)
         if not path.is_file():
             raise PromptFileMissing(
                 f"{spec}: no such prompts file (nor a registered prompt set such as 'toy'); "
-                "check data.prompts / data.eval_prompts (or --prompts)"
+                "check the path in data.prompts / data.eval_prompts (or --prompts)"
             )
         records = _file_records(path, column)
-    kept: list[PromptRecord] = []
-    seen: set[str] = set()
-    dropped = {"blank": 0, "duplicate": 0}
-    for r in records:
-        if not r.text:
-            dropped["blank"] += 1
-        elif r.text in seen:
-            dropped["duplicate"] += 1
-        else:
-            seen.add(r.text)
-            kept.append(r)
-    if any(dropped.values()):
-        log.warning(
-            "%s: dropped %d blank and %d repeated prompts (kept the first of each)",
-            spec,
-            dropped["blank"],
-            dropped["duplicate"],
-        )
-    if not kept:
+    loaded = dedupe(records, spec)
+    if not loaded.records:
+        why = ", ".join(f"{v} {k}" for k, v in loaded.dropped.items()) or "nothing in it"
         raise PromptDataError(
-            f"{spec}: holds no prompts ({dropped['blank']} blank, {dropped['duplicate']} "
-            "repeated); fill it, or point data.prompts / --prompts at another file"
+            f"{spec}: holds no prompts ({len(records)} entries, dropped: {why}); fill it, or "
+            "point data.prompts / data.eval_prompts (or --prompts) at another file"
         )
     if require_tag:
-        for r in kept:
-            if not r.meta or r.meta.get("tag") not in GENEVAL_TAGS:
-                tag = (r.meta or {}).get("tag")
-                raise PromptDataError(
-                    f"{r.source}: field 'tag' is {tag!r}; GenEval metadata needs a tag in "
-                    f"{list(GENEVAL_TAGS)} on every line (see docs/prompts.md)"
-                )
-    return LoadedPrompts(kept, {k: v for k, v in dropped.items() if v}, spec)
+        _check_tags(loaded.records)
+    return loaded
 
 
 def load_prompts(spec: str, split: str = "train", column: str | None = None) -> list[str]:

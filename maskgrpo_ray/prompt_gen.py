@@ -2,17 +2,26 @@
 
 Each prompt comes with its metadata in GenEval's ``evaluation_metadata.jsonl`` format (``tag``,
 ``include``, ``exclude``, ``prompt``; see ``evaluation/geneval.py``), so a reward or an
-evaluator can check it. As Flow-GRPO does, the training prompts are kept disjoint from the
-evaluation prompts: any text in ``exclude_prompts`` is never emitted.
+evaluator can check it. The templates are those of GenEval's ``prompts/create_prompts.py``
+(its classes, colours, counts two to four, relations; no "<colour> person"), with proper
+English plurals ("two people", where GenEval writes "two persons"). As Flow-GRPO does, the
+training prompts are kept disjoint from the evaluation prompts: a prompt whose text, or whose
+metadata (:func:`metadata_key`), is excluded is never emitted.
+
+Every tag's template is a finite pool indexed ``0 .. POOL_SIZES[tag] - 1`` (:data:`TEMPLATES`),
+so sampling is without replacement, the same for the same seed, and the error for asking too
+much is exact.
 """
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from maskgrpo_ray.data import GENEVAL_TAGS
+from maskgrpo_ray.data import GENEVAL_TAGS, normalize_text
+from maskgrpo_ray.evaluation.geneval import RELATIONS
 
 # the 80 COCO classes, as GenEval names them
 OBJECTS: tuple[str, ...] = (
@@ -98,8 +107,8 @@ OBJECTS: tuple[str, ...] = (
     "toothbrush",
 )
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
+COLOURABLE = tuple(o for o in OBJECTS if o != "person")  # GenEval writes no "<colour> person"
 COUNTS = {2: "two", 3: "three", 4: "four"}
-RELATIONS = ("left of", "right of", "above", "below")
 IRREGULAR = {
     "person": "people",
     "sheep": "sheep",
@@ -108,6 +117,7 @@ IRREGULAR = {
     "knife": "knives",
     "computer mouse": "computer mice",
 }
+ENUMERATE_LIMIT = 50_000  # pools up to this size are listed whole (exact exclusion counts)
 
 
 def plural(noun: str) -> str:
@@ -128,8 +138,14 @@ def _a(phrase: str) -> str:
     return f"{article(phrase)} {phrase}"
 
 
-def _single(rng: random.Random) -> dict[str, Any]:
-    obj = rng.choice(OBJECTS)
+def _pair(i: int, items: Sequence[str]) -> tuple[str, str]:
+    """The ``i``-th of the ``len(items) * (len(items) - 1)`` ordered pairs of distinct items."""
+    a, r = divmod(i, len(items) - 1)
+    return items[a], items[r + (r >= a)]
+
+
+def _single(i: int) -> dict[str, Any]:
+    obj = OBJECTS[i]
     return {
         "tag": "single_object",
         "include": [{"class": obj, "count": 1}],
@@ -137,8 +153,8 @@ def _single(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _two(rng: random.Random) -> dict[str, Any]:
-    a, b = rng.sample(OBJECTS, 2)
+def _two(i: int) -> dict[str, Any]:
+    a, b = _pair(i, OBJECTS)
     return {
         "tag": "two_object",
         "include": [{"class": a, "count": 1}, {"class": b, "count": 1}],
@@ -146,8 +162,9 @@ def _two(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _counting(rng: random.Random) -> dict[str, Any]:
-    obj, n = rng.choice(OBJECTS), rng.choice(list(COUNTS))
+def _counting(i: int) -> dict[str, Any]:
+    k, c = divmod(i, len(COUNTS))
+    obj, n = OBJECTS[k], 2 + c
     return {
         "tag": "counting",
         "include": [{"class": obj, "count": n}],
@@ -156,19 +173,21 @@ def _counting(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _colors(rng: random.Random) -> dict[str, Any]:
-    obj, colour = rng.choice(OBJECTS), rng.choice(COLORS)
+def _colors(i: int) -> dict[str, Any]:
+    k, c = divmod(i, len(COLORS))
+    obj, colour = COLOURABLE[k], COLORS[c]
     return {
         "tag": "colors",
         "include": [{"class": obj, "count": 1, "color": colour}],
-        "prompt": f"a photo of {_a(colour + ' ' + obj)}",
+        "prompt": f"a photo of {_a(colour)} {obj}",
     }
 
 
-def _position(rng: random.Random) -> dict[str, Any]:
+def _position(i: int) -> dict[str, Any]:
     # "a photo of a A <relation> a B": B is include[0], A (include[1]) is <relation> it
-    a, b = rng.sample(OBJECTS, 2)
-    relation = rng.choice(RELATIONS)
+    k, r = divmod(i, len(RELATIONS))
+    a, b = _pair(k, OBJECTS)
+    relation = RELATIONS[r]
     return {
         "tag": "position",
         "include": [
@@ -179,61 +198,80 @@ def _position(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _color_attr(rng: random.Random) -> dict[str, Any]:
-    a, b = rng.sample(OBJECTS, 2)
-    ca, cb = rng.sample(COLORS, 2)
+def _color_attr(i: int) -> dict[str, Any]:
+    k, c = divmod(i, len(COLORS) * (len(COLORS) - 1))
+    a, b = _pair(k, COLOURABLE)
+    ca, cb = _pair(c, COLORS)
     return {
         "tag": "color_attr",
         "include": [
             {"class": a, "count": 1, "color": ca},
             {"class": b, "count": 1, "color": cb},
         ],
-        "prompt": f"a photo of {_a(ca + ' ' + a)} and {_a(cb + ' ' + b)}",
+        "prompt": f"a photo of {_a(ca)} {a} and {_a(cb)} {b}",
     }
 
 
-MAKERS = {
-    "single_object": _single,
-    "two_object": _two,
-    "counting": _counting,
-    "colors": _colors,
-    "position": _position,
-    "color_attr": _color_attr,
+_N, _C = len(OBJECTS), len(COLOURABLE)
+TEMPLATES: dict[str, tuple[int, Callable[[int], dict[str, Any]]]] = {
+    "single_object": (_N, _single),
+    "two_object": (_N * (_N - 1), _two),
+    "counting": (_N * len(COUNTS), _counting),
+    "colors": (_C * len(COLORS), _colors),
+    "position": (_N * (_N - 1) * len(RELATIONS), _position),
+    "color_attr": (_C * (_C - 1) * len(COLORS) * (len(COLORS) - 1), _color_attr),
 }
-POOL_SIZES = {
-    "single_object": len(OBJECTS),
-    "two_object": len(OBJECTS) * (len(OBJECTS) - 1),
-    "counting": len(OBJECTS) * len(COUNTS),
-    "colors": len(OBJECTS) * len(COLORS),
-    "position": len(OBJECTS) * (len(OBJECTS) - 1) * len(RELATIONS),
-    "color_attr": len(OBJECTS) * (len(OBJECTS) - 1) * len(COLORS) * (len(COLORS) - 1),
-}
+POOL_SIZES = {tag: size for tag, (size, _) in TEMPLATES.items()}
 
 
-def fair_shares(n: int, tags: Sequence[str]) -> dict[str, int]:
-    """``n`` split over ``tags`` as evenly as their template pools allow: a tag whose pool is
-    smaller than its share gives all it has and the rest goes to the others."""
+def metadata_key(meta: Mapping[str, Any]) -> str:
+    """What a GenEval metadata line asks for, whatever its wording: tag, include, exclude. The
+    include order counts only where a ``position`` refers to an earlier include."""
+    include = list(meta.get("include") or [])
+    if not any(isinstance(c, Mapping) and "position" in c for c in include):
+        include = sorted(include, key=lambda c: json.dumps(c, sort_keys=True))
+    return json.dumps([meta.get("tag"), include, meta.get("exclude") or []], sort_keys=True)
+
+
+def fair_shares(n: int, capacity: Mapping[str, int]) -> dict[str, int]:
+    """``n`` split over the tags of ``capacity`` (tag -> prompts it can give) as evenly as
+    they allow: a tag with less than its share gives all it has and the others share the rest
+    (the first tags take the remainder). Raises ValueError when all of them give fewer."""
+    tags = list(capacity)
+    total = sum(capacity.values())
+    if total < n:
+        raise ValueError(
+            f"n={n} (--n): the templates give only {total} distinct prompts (by tag, after "
+            f"leaving out the excluded ones: {dict(capacity)}); ask for fewer, or add tags "
+            "(--tags)"
+        )
     shares: dict[str, int] = {}
-    open_tags = sorted(tags, key=lambda t: POOL_SIZES[t])  # smallest pools settle first
+    open_tags = sorted(tags, key=lambda t: capacity[t])  # smallest capacities settle first
     left = n
     while open_tags:
         even = left // len(open_tags)
-        tag = open_tags[0]
-        if POOL_SIZES[tag] < even:
-            shares[tag] = POOL_SIZES[tag]
-            left -= POOL_SIZES[tag]
-            open_tags.pop(0)
+        if capacity[open_tags[0]] < even:
+            tag = open_tags.pop(0)
+            shares[tag] = capacity[tag]
+            left -= capacity[tag]
             continue
         order = [t for t in tags if t in open_tags]
         for i, t in enumerate(order):
             shares[t] = even + (1 if i < left % len(order) else 0)
         break
-    if sum(shares.values()) < n:
-        raise ValueError(
-            f"--n {n}: the templates of tags {list(tags)} give only {sum(shares.values())} "
-            "distinct prompts; ask for fewer"
-        )
     return {t: shares[t] for t in tags}
+
+
+def _candidates(
+    tag: str, excluded: Callable[[dict[str, Any]], bool], limit: int
+) -> tuple[int, list[dict[str, Any]] | None]:
+    """A tag's capacity after exclusion (exact for a pool listed whole, else a lower bound:
+    the pool less ``limit``, the number of excluded prompts) and, when listed, its prompts."""
+    size, make = TEMPLATES[tag]
+    if size > ENUMERATE_LIMIT:
+        return max(0, size - limit), None
+    pool = [m for m in map(make, range(size)) if not excluded(m)]
+    return len(pool), pool
 
 
 def make_geneval_prompts(
@@ -242,46 +280,53 @@ def make_geneval_prompts(
     seed: int = 0,
     tags: Sequence[str] | None = None,
     exclude_prompts: Iterable[str] = (),
+    exclude_metadata: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """``n`` distinct GenEval-style prompts with metadata, the tags in equal shares where their
-    templates allow (:func:`fair_shares`), none of them in ``exclude_prompts``; the same list
-    for the same arguments. Raises ValueError when a tag cannot supply its share."""
+    """``n`` distinct GenEval-style prompts with metadata, in a seeded random order.
+
+    The tags (default: all six) share ``n`` equally where their pools allow
+    (:func:`fair_shares`). A prompt is never emitted when its text is in ``exclude_prompts``
+    (compared after :func:`~maskgrpo_ray.data.normalize_text`) or when its
+    :func:`metadata_key` is that of a line of ``exclude_metadata`` (the evaluation set, whose
+    wording may differ: GenEval writes "two persons"). The same arguments give the same list.
+
+    Raises:
+        ValueError: an unknown tag, ``n < 1``, or more prompts than the templates can give.
+    """
     tags = list(tags or GENEVAL_TAGS)
-    unknown = [t for t in tags if t not in MAKERS]
+    unknown = [t for t in tags if t not in TEMPLATES]
     if unknown:
         raise ValueError(f"--tags: unknown tags {unknown}; known: {list(GENEVAL_TAGS)}")
     if n < 1:
-        raise ValueError(f"--n {n}: ask for at least one prompt")
-    excluded = {" ".join(p.split()) for p in exclude_prompts}
+        raise ValueError(f"n={n} (--n): ask for at least one prompt")
+    texts = {normalize_text(p) for p in exclude_prompts}
+    keys = {metadata_key(m) for m in exclude_metadata}
+
+    def excluded(meta: dict[str, Any]) -> bool:
+        return meta["prompt"] in texts or bool(keys) and metadata_key(meta) in keys
+
     rng = random.Random(seed)
-    shares = fair_shares(n, tags)
-    by_tag: dict[str, list[dict[str, Any]]] = {t: [] for t in tags}
-    seen: set[str] = set()
-    for tag in tags:
-        misses = 0
-        while len(by_tag[tag]) < shares[tag]:
-            meta = MAKERS[tag](rng)
-            if meta["prompt"] in seen or meta["prompt"] in excluded:
-                misses += 1
-                if misses > 200 * shares[tag] + 1000:
-                    raise ValueError(
-                        f"tag {tag!r}: only {len(by_tag[tag])} new prompts found for a share of "
-                        f"{shares[tag]} (its templates give {POOL_SIZES[tag]}, some excluded); "
-                        "ask for fewer prompts (--n) or leave the tag out (--tags)"
-                    )
-                continue
-            seen.add(meta["prompt"])
-            by_tag[tag].append(meta)
-    out = [m for t in tags for m in by_tag[t]]
+    listed = {t: _candidates(t, excluded, len(texts) + len(keys)) for t in dict.fromkeys(tags)}
+    shares = fair_shares(n, {t: cap for t, (cap, _) in listed.items()})
+    out: list[dict[str, Any]] = []
+    for tag, share in shares.items():
+        pool = listed[tag][1]
+        if pool is not None:
+            out += rng.sample(pool, share)
+            continue
+        size, make = TEMPLATES[tag]
+        # at most len(texts) + len(keys) of the drawn prompts are excluded
+        drawn = (
+            make(i) for i in rng.sample(range(size), min(size, share + len(texts) + len(keys)))
+        )
+        out += [m for m in drawn if not excluded(m)][:share]
     rng.shuffle(out)
     return out
 
 
 def toy_prompt_metadata(split: str) -> list[dict[str, Any]]:
-    """The toy world's ``split`` ("train" or "eval") captions with their GenEval-style metadata."""
-    from maskgrpo_ray.models.registry import get_prompt_set
-    from maskgrpo_ray.toyworld import Caption
+    """The toy world's ``split`` ("train" or "eval") captions with their GenEval-style metadata
+    (``Caption.geneval_metadata``)."""
+    from maskgrpo_ray.data import load_prompt_records
 
-    prompt_set = get_prompt_set("toy")
-    assert prompt_set is not None
-    return [Caption.parse(text).geneval_metadata() for text in prompt_set(split)]
+    return [{**(r.meta or {}), "prompt": r.text} for r in load_prompt_records("toy", split).records]

@@ -8,7 +8,10 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.data import PromptRecord
 
 
 def register(sub: Any) -> None:
@@ -26,40 +29,64 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="prompts never to emit: the evaluation set (any format --prompts reads)",
     )
+    m.add_argument(
+        "--prompt-column", default=None, help="the text column or key of the --exclude file"
+    )
     m.add_argument("--split", choices=["train", "eval"], default="train", help="toy split")
     m.add_argument("--out", required=True, metavar="FILE", help=".jsonl, .json or .txt")
     c = ps.add_parser("check", help="load a prompts file and print what it holds")
     c.add_argument("file")
     c.add_argument("--prompt-column", default=None)
     c.add_argument("--require-tag", action="store_true", help="every line needs a GenEval tag")
+    c.add_argument(
+        "--split", choices=["train", "eval"], default="eval", help="split of a prompt set (toy)"
+    )
+
+
+OUT_FORMATS = (".jsonl", ".json", ".txt")
+
+
+def _check_out(path: Path) -> None:
+    if path.suffix not in OUT_FORMATS:
+        raise ValueError(f"--out {path}: use a {', '.join(OUT_FORMATS)} file")
 
 
 def write_prompts(path: Path, metas: list[dict[str, Any]]) -> None:
     """``.jsonl`` one metadata object a line (GenEval's format), ``.json`` a list of them,
     ``.txt`` the prompt texts only."""
+    _check_out(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".jsonl":
         path.write_text("".join(json.dumps(m) + "\n" for m in metas))
     elif path.suffix == ".json":
         path.write_text(json.dumps(metas, indent=1) + "\n")
-    elif path.suffix == ".txt":
-        path.write_text("".join(m["prompt"] + "\n" for m in metas))
     else:
-        raise ValueError(f"--out {path}: use a .jsonl, .json or .txt file")
+        path.write_text("".join(m["prompt"] + "\n" for m in metas))
 
 
 def make(args: argparse.Namespace) -> int:
     from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.prompt_gen import make_geneval_prompts, toy_prompt_metadata
 
+    _check_out(Path(args.out))
     if args.kind == "toy":
+        if args.exclude or args.tags:
+            raise ValueError(
+                "--kind toy writes a toy split as it is; --exclude and --tags are for "
+                "--kind geneval (the toy splits are disjoint already)"
+            )
         metas = toy_prompt_metadata(args.split)
     else:
-        excluded: list[str] = []
+        held: list[PromptRecord] = []
         if args.exclude:
-            excluded = load_prompt_records(args.exclude, "eval").texts
-        tags = args.tags.split(",") if args.tags else None
-        metas = make_geneval_prompts(args.n, seed=args.seed, tags=tags, exclude_prompts=excluded)
+            held = load_prompt_records(args.exclude, "eval", column=args.prompt_column).records
+        metas = make_geneval_prompts(
+            args.n,
+            seed=args.seed,
+            tags=[t.strip() for t in args.tags.split(",") if t.strip()] if args.tags else None,
+            exclude_prompts=[r.text for r in held],
+            exclude_metadata=[r.meta for r in held if r.meta and "tag" in r.meta],
+        )
     write_prompts(Path(args.out), metas)
     counts = Counter(m["tag"] for m in metas)
     print(f"wrote {len(metas)} prompts to {args.out}: {dict(sorted(counts.items()))}")
@@ -70,7 +97,7 @@ def check(args: argparse.Namespace) -> int:
     from maskgrpo_ray.data import load_prompt_records
 
     loaded = load_prompt_records(
-        args.file, "eval", column=args.prompt_column, require_tag=args.require_tag
+        args.file, args.split, column=args.prompt_column, require_tag=args.require_tag
     )
     tags = Counter((r.meta or {}).get("tag") for r in loaded.records)
     print(
@@ -88,9 +115,10 @@ def check(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 done, 2 bad input (the message names the file, the field and the fix)."""
+    """``maskgrpo prompts make|check``: 0 done, 2 bad input, printed as ``maskgrpo: <message>``
+    on stderr (the message names the file, the field and the fix)."""
     try:
         return make(args) if args.prompts_command == "make" else check(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         print(f"maskgrpo: {err}", file=sys.stderr)
         return 2

@@ -2,16 +2,39 @@
 that name the file, the field and the fix, the GenEval-style generator and its command."""
 
 import argparse
+import itertools
 import json
+import logging
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from maskgrpo_ray import prompts_cli
-from maskgrpo_ray.data import PromptDataError, load_prompt_records, load_prompts
+from maskgrpo_ray.data import (
+    GENEVAL_TAGS,
+    PromptDataError,
+    PromptRecord,
+    load_prompt_records,
+    load_prompts,
+)
 from maskgrpo_ray.evaluation.geneval import check_metadata
-from maskgrpo_ray.prompt_gen import OBJECTS, article, make_geneval_prompts, plural
+from maskgrpo_ray.prompt_gen import (
+    COLORS,
+    COLOURABLE,
+    ENUMERATE_LIMIT,
+    OBJECTS,
+    POOL_SIZES,
+    TEMPLATES,
+    _pair,
+    article,
+    make_geneval_prompts,
+    metadata_key,
+    plural,
+    toy_prompt_metadata,
+)
+from maskgrpo_ray.toyworld import Caption
 
 META = [
     {"tag": "counting", "include": [{"class": "cup", "count": 2}], "prompt": "a photo of two cups"},
@@ -23,56 +46,153 @@ META = [
 ]
 
 
-def test_every_format_keeps_text_and_metadata(tmp_path):
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps(m) + "\n" for m in META))
-    (tmp_path / "p.json").write_text(json.dumps([{"caption": "a cat", "id": 7}, "a dog"]))
-    (tmp_path / "p.txt").write_text("a cat\n  a   dog \n")
-    pq.write_table(
-        pa.table({"TEXT": ["a cat", "a dog"], "AESTHETIC_SCORE": [6.5, 5.0]}),
-        tmp_path / "p.parquet",
+def without_prompt(meta):
+    return {k: v for k, v in meta.items() if k != "prompt"}
+
+
+# ---- formats -------------------------------------------------------------------------------
+
+
+def test_jsonl_keeps_geneval_metadata_and_line_numbers(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(META[0]) + "\n" + '"  a   dog "\n' + json.dumps(META[1]) + "\n")
+    loaded = load_prompt_records(str(path))
+    assert loaded.records == [
+        PromptRecord(META[0]["prompt"], without_prompt(META[0]), f"{path}:1"),
+        PromptRecord("a dog", None, f"{path}:2"),  # a bare string: whitespace normalised
+        PromptRecord(META[1]["prompt"], without_prompt(META[1]), f"{path}:3"),
+    ]
+    assert loaded.dropped == {} and loaded.source == str(path)
+
+
+def test_json_list_of_captions_and_strings(tmp_path):
+    path = tmp_path / "train.json"  # the official release's [{"caption": ...}]
+    path.write_text(json.dumps([{"caption": "a cat", "id": 7}, "a dog", {"prompt": "a cow"}]))
+    loaded = load_prompt_records(str(path))
+    assert [(r.text, r.meta) for r in loaded.records] == [
+        ("a cat", {"id": 7}),
+        ("a dog", None),
+        ("a cow", None),
+    ]
+    assert loaded.records[1].source == f"{path}[1]"
+
+
+def test_txt_is_one_prompt_a_line(tmp_path):
+    (tmp_path / "p.txt").write_text("a cat\n  a \t dog \n")
+    loaded = load_prompt_records(str(tmp_path / "p.txt"))
+    assert [(r.text, r.meta) for r in loaded.records] == [("a cat", None), ("a dog", None)]
+    assert loaded.records[1].source.endswith("p.txt:2")
+    assert load_prompts(str(tmp_path / "p.txt")) == ["a cat", "a dog"]
+
+
+def test_parquet_column_and_the_other_columns_as_metadata(tmp_path):
+    table = pa.table(
+        {
+            "TEXT": ["a cat", None, "a dog"],
+            "AESTHETIC_SCORE": [6.5, 1.0, 5.0],
+            "prompt": list("xyz"),
+        }
     )
-    jl = load_prompt_records(str(tmp_path / "p.jsonl"))
-    assert jl.texts == [m["prompt"] for m in META]
-    assert jl.records[0].meta == {"tag": "counting", "include": [{"class": "cup", "count": 2}]}
-    assert jl.records[1].source.endswith("p.jsonl:2")
-    js = load_prompt_records(str(tmp_path / "p.json"))
-    assert js.texts == ["a cat", "a dog"] and js.records[0].meta == {"id": 7}
-    assert load_prompts(str(tmp_path / "p.txt")) == ["a cat", "a dog"]  # whitespace normalised
-    pa_ = load_prompt_records(str(tmp_path / "p.parquet"), column="TEXT")
-    assert pa_.texts == ["a cat", "a dog"] and pa_.records[0].meta == {"AESTHETIC_SCORE": 6.5}
+    pq.write_table(table, tmp_path / "laion.parquet")
+    loaded = load_prompt_records(str(tmp_path / "laion.parquet"), column="TEXT")
+    assert [(r.text, r.meta) for r in loaded.records] == [
+        ("a cat", {"AESTHETIC_SCORE": 6.5, "prompt": "x"}),
+        ("a dog", {"AESTHETIC_SCORE": 5.0, "prompt": "z"}),
+    ]
+    assert loaded.dropped == {"blank": 1}  # the null caption
+    # without a column the "prompt" column is the text
+    assert load_prompts(str(tmp_path / "laion.parquet")) == ["x", "y", "z"]
+    assert load_prompts(str(tmp_path / "laion.parquet"), column="TEXT") == ["a cat", "a dog"]
 
 
 def test_toy_prompt_set_carries_geneval_metadata():
-    loaded = load_prompt_records("toy", "eval")
-    assert loaded.records and all(r.meta and r.meta["tag"] for r in loaded.records)
-    for r in loaded.records:
-        check_metadata({**r.meta, "prompt": r.text}, r.source)
+    for split in ("train", "eval"):
+        loaded = load_prompt_records("toy", split)
+        assert loaded.texts == load_prompts("toy", split) and loaded.dropped == {}
+        for r in loaded.records:
+            assert r.meta == without_prompt(Caption.parse(r.text).geneval_metadata())
+            check_metadata({**r.meta, "prompt": r.text}, r.source)
+    train, held = set(load_prompts("toy", "train")), set(load_prompts("toy", "eval"))
+    assert len(train) + len(held) == 96 and not train & held
 
 
-def test_blanks_and_duplicates_are_dropped_and_counted(tmp_path):
+# ---- deduplication -------------------------------------------------------------------------
+
+
+def test_blanks_and_duplicates_are_dropped_counted_and_logged(tmp_path, caplog):
+    # lines: 1 "a cat", 2 blank, 3 repeat of 1, 4 repeat of 1 after normalising, 5 "a dog",
+    # 6 blank (spaces only) -> kept [cat, dog], 2 blank, 2 duplicate
     (tmp_path / "p.txt").write_text("a cat\n\na cat\na  cat\na dog\n   \n")
-    loaded = load_prompt_records(str(tmp_path / "p.txt"))
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+        loaded = load_prompt_records(str(tmp_path / "p.txt"))
     assert loaded.texts == ["a cat", "a dog"]
     assert loaded.dropped == {"blank": 2, "duplicate": 2}
+    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.data"]
+    msg = line.getMessage()
+    assert line.levelno == logging.WARNING
+    assert "dropped 2 blank" in msg and "2 repeated" in msg and "p.txt:3 repeats" in msg
+
+
+def test_a_repeat_with_other_metadata_is_still_a_repeat(tmp_path, caplog):
+    other = {**META[0], "tag": "colors"}
+    (tmp_path / "p.jsonl").write_text(f"{json.dumps(META[0])}\n\n{json.dumps(other)}\n")
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+        loaded = load_prompt_records(str(tmp_path / "p.jsonl"), "eval")
+    assert [r.meta for r in loaded.records] == [without_prompt(META[0])]  # the first is kept
+    assert loaded.dropped == {"blank": 1, "duplicate": 1}
+    assert "1 of the repeats had other metadata" in caplog.text
+
+
+def test_a_clean_file_logs_one_info_line(tmp_path, caplog):
+    (tmp_path / "p.txt").write_text("a cat\n")
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+        load_prompt_records(str(tmp_path / "p.txt"))
+    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.data"]
+    assert line.levelno == logging.INFO and "1 prompts" in line.getMessage()
+
+
+# ---- errors: file, field, fix --------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "name, content, kwargs, needles",
     [
-        ("empty.txt", "\n \n", {}, ["empty.txt", "holds no prompts", "2 blank", "data.prompts"]),
-        ("bad.jsonl", '{"prompt": "a"}\n{oops\n', {}, ["bad.jsonl:2", "not valid JSON"]),
+        ("empty.jsonl", "", {}, ["empty.jsonl", "holds no prompts", "nothing in it", "--prompts"]),
+        ("allblank.txt", "\n \n", {}, ["allblank.txt", "2 blank", "data.prompts"]),
+        (
+            "bad.jsonl",
+            '{"prompt": "a"}\n{oops\n',
+            {},
+            ["bad.jsonl:2", "not valid JSON", "one JSON object"],
+        ),
+        ("bad.json", "[{", {}, ["bad.json", "not valid JSON", "'caption'"]),
+        ("dict.json", '{"prompts": []}', {}, ["dict.json", "JSON list", ".jsonl"]),
         (
             "keys.jsonl",
-            '{"text": "a cat"}\n',
+            '{"prompt": "a"}\n{"text": "a cat", "id": 1}\n',
             {},
-            ["keys.jsonl:1", "['text']", "data.prompt_column"],
+            ["keys.jsonl:2", "['id', 'text']", "'prompt'", "data.prompt_column"],
         ),
-        ("p.xml", "<a/>", {}, ["p.xml", ".parquet"]),
+        (
+            "col.jsonl",
+            '{"prompt": "a"}\n',
+            {"column": "TEXT"},
+            ["col.jsonl:1", "['prompt']", "['TEXT']", "--prompt-column"],
+        ),
+        ("num.jsonl", '{"prompt": 3}\n', {}, ["num.jsonl:1", "field 'prompt'", "int", "string"]),
+        ("list.json", "[[1]]", {}, ["list.json[0]", "list", "fix that entry"]),
+        ("p.xml", "<a/>", {}, ["p.xml", "'.xml'", ".jsonl", ".parquet"]),
         (
             "untagged.jsonl",
             json.dumps(META[0]) + "\n" + json.dumps({"prompt": "a cat"}) + "\n",
             {"require_tag": True},
-            ["untagged.jsonl:2", "field 'tag'", "color_attr"],
+            ["untagged.jsonl:2", "no field 'tag'", "needs a tag", *GENEVAL_TAGS, "add it"],
+        ),
+        (
+            "badtag.jsonl",
+            json.dumps({"prompt": "a cat", "tag": "colour"}) + "\n",
+            {"require_tag": True},
+            ["badtag.jsonl:1", "'colour'", "color_attr", "maskgrpo prompts make"],
         ),
     ],
 )
@@ -84,64 +204,222 @@ def test_bad_files_name_file_field_and_fix(tmp_path, name, content, kwargs, need
         assert needle in str(err.value), (needle, str(err.value))
 
 
+def test_no_prompt_left_after_dropping_says_how_many_and_why(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": " "}\n\n{"prompt": null}\n')
+    with pytest.raises(
+        PromptDataError, match=r"p.jsonl: holds no prompts \(3 entries, dropped: 3 blank\)"
+    ):
+        load_prompt_records(str(tmp_path / "p.jsonl"))
+
+
 def test_parquet_without_the_column_lists_its_columns(tmp_path):
-    pq.write_table(pa.table({"TEXT": ["a"], "URL": ["u"]}), tmp_path / "c.parquet")
+    pq.write_table(pa.table({"TEXT": ["a"], "URL": ["u"], "WIDTH": [3]}), tmp_path / "c.parquet")
     with pytest.raises(PromptDataError) as err:
         load_prompt_records(str(tmp_path / "c.parquet"))
     msg = str(err.value)
-    assert "c.parquet" in msg and "['TEXT', 'URL']" in msg and "data.prompt_column" in msg
+    assert "c.parquet" in msg and "['TEXT', 'URL', 'WIDTH']" in msg
+    assert (
+        "'prompt' or 'caption'" in msg and "data.prompt_column" in msg and "--prompt-column" in msg
+    )
     with pytest.raises(PromptDataError, match="no column 'caption_en'"):
         load_prompt_records(str(tmp_path / "c.parquet"), column="caption_en")
+    with pytest.raises(PromptDataError, match="column 'WIDTH' holds int64, not text"):
+        load_prompt_records(str(tmp_path / "c.parquet"), column="WIDTH")
 
 
-def test_missing_file_is_a_file_not_found_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data.prompts"):
-        load_prompt_records(str(tmp_path / "nope.jsonl"))
+def test_unreadable_files(tmp_path):
+    (tmp_path / "x.parquet").write_bytes(b"not parquet")
+    with pytest.raises(PromptDataError, match="x.parquet: not a readable Parquet file"):
+        load_prompt_records(str(tmp_path / "x.parquet"))
+    (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(PromptDataError, match="latin.txt: not UTF-8 text .* re-encode"):
+        load_prompt_records(str(tmp_path / "latin.txt"))
 
 
-def test_generator_is_deterministic_distinct_disjoint_and_balanced():
+def test_missing_file_names_it_and_the_setting(tmp_path):
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(PromptDataError) as err:
+        load_prompt_records(missing)
+    assert isinstance(err.value, FileNotFoundError)  # callers that catch that still do
+    assert missing in str(err.value) and "data.prompts" in str(err.value)
+    with pytest.raises(PromptDataError, match="no such prompts file"):
+        load_prompt_records(str(tmp_path))  # a folder is not a prompts file
+
+
+# ---- the generator -------------------------------------------------------------------------
+
+
+def test_pair_indexing_is_a_bijection_onto_ordered_distinct_pairs():
+    items = "abcde"
+    pairs = [_pair(i, items) for i in range(len(items) * (len(items) - 1))]
+    assert sorted(pairs) == sorted(itertools.permutations(items, 2))
+
+
+def test_every_template_index_gives_a_distinct_prompt_across_all_tags():
+    seen: dict[str, str] = {}
+    for tag, (size, make) in TEMPLATES.items():
+        if size > ENUMERATE_LIMIT:  # color_attr: a sample of 20,000 indices
+            idx = random.Random(0).sample(range(size), 20_000)
+        else:
+            idx = range(size)
+        for i in idx:
+            text = make(i)["prompt"]
+            assert text not in seen, (tag, text, seen.get(text))
+            seen[text] = tag
+    # 80 classes, 79 colourable (no "<colour> person", as GenEval), 10 colours, 3 counts, 4 relations
+    assert POOL_SIZES == {
+        "single_object": 80,
+        "two_object": 80 * 79,
+        "counting": 80 * 3,
+        "colors": 79 * 10,
+        "position": 80 * 79 * 4,
+        "color_attr": 79 * 78 * 10 * 9,
+    }
+    assert len(set(OBJECTS)) == 80 and "person" not in COLOURABLE and len(COLORS) == 10
+
+
+def test_generator_is_deterministic_distinct_and_balanced():
     a = make_geneval_prompts(600, seed=1)
     assert a == make_geneval_prompts(600, seed=1) and a != make_geneval_prompts(600, seed=2)
-    texts = [m["prompt"] for m in a]
-    assert len(set(texts)) == 600
-    counts = {t: sum(m["tag"] == t for m in a) for t in {m["tag"] for m in a}}
-    # equal shares of 100, but there are only 80 objects: the other tags take the 20 left
-    assert counts.pop("single_object") == 80 and counts == dict.fromkeys(counts, 104)
-    held_out = {m["prompt"] for m in a if m["tag"] != "single_object"}
-    b = make_geneval_prompts(
-        300, seed=1, exclude_prompts=held_out, tags=["counting", "colors", "position"]
-    )
-    assert not held_out & {m["prompt"] for m in b}
+    assert len({m["prompt"] for m in a}) == 600
+    counts = {t: sum(m["tag"] == t for m in a) for t in GENEVAL_TAGS}
+    # equal shares of 100, but single_object has 80 prompts: the other 5 tags share 520
+    assert counts == {"single_object": 80, **dict.fromkeys(GENEVAL_TAGS[1:], 104)}
     for m in a:
         check_metadata(m, "generated")
 
 
-def test_generator_templates_match_their_metadata():
-    for m in make_geneval_prompts(60, seed=0):
-        inc, text = m["include"], m["prompt"]
-        if m["tag"] == "position":
-            # "a photo of a A <relation> a B": include [B, A with position [relation, 0]]
-            rel = inc[1]["position"][0]
-            a, b = inc[1]["class"], inc[0]["class"]
-            assert text == f"a photo of {article(a)} {a} {rel} {article(b)} {b}"
-        elif m["tag"] == "counting":
+def test_generator_excludes_texts_and_metadata_of_the_evaluation_set():
+    held = make_geneval_prompts(300, seed=1, tags=["counting", "colors", "position"])
+    texts = {m["prompt"] for m in held}
+    out = make_geneval_prompts(3000, seed=1, exclude_prompts=texts)
+    assert not texts & {m["prompt"] for m in out}
+    # GenEval's own wording differs ("a photo of two persons"): its metadata still excludes it
+    geneval_line = {
+        "tag": "counting",
+        "include": [{"class": "person", "count": 2}],
+        "exclude": [{"class": "person", "count": 3}],
+        "prompt": "a photo of two persons",
+    }
+    every = make_geneval_prompts(240, seed=0, tags=["counting"])
+    assert "a photo of two people" in {m["prompt"] for m in every}
+    with pytest.raises(ValueError, match="only 239 distinct prompts"):
+        make_geneval_prompts(240, seed=0, tags=["counting"], exclude_metadata=[geneval_line])
+    rest = make_geneval_prompts(239, seed=0, tags=["counting"], exclude_metadata=[geneval_line])
+    assert "a photo of two people" not in {m["prompt"] for m in rest}
+
+
+def test_an_exhausted_tag_gives_its_share_to_the_others():
+    singles = make_geneval_prompts(80, seed=0, tags=["single_object"])
+    out = make_geneval_prompts(12, seed=0, exclude_prompts=[m["prompt"] for m in singles])
+    counts = {t: sum(m["tag"] == t for m in out) for t in GENEVAL_TAGS}
+    # single_object has 0 left; 12 over the other 5: 2 each, the first 2 tags take 1 more
+    assert counts == {
+        "single_object": 0,
+        "two_object": 3,
+        "counting": 3,
+        "colors": 2,
+        "position": 2,
+        "color_attr": 2,
+    }
+
+
+def test_metadata_key_ignores_wording_and_order_unless_a_position_refers_to_it():
+    two = make_geneval_prompts(1, seed=0, tags=["two_object"])[0]
+    swapped = {**two, "include": two["include"][::-1], "prompt": "other words"}
+    assert metadata_key(two) == metadata_key(swapped)
+    pos = make_geneval_prompts(1, seed=0, tags=["position"])[0]
+    assert metadata_key(pos) != metadata_key({**pos, "include": pos["include"][::-1]})
+
+
+def test_each_tag_writes_geneval_schema_and_wording():
+    for m in make_geneval_prompts(600, seed=3):
+        inc, text, tag = m["include"], m["prompt"], m["tag"]
+        assert list(m) == ["tag", "include", *(["exclude"] if tag == "counting" else []), "prompt"]
+        if tag == "single_object":
+            (o,) = inc
+            assert o == {"class": o["class"], "count": 1}
+            assert text == f"a photo of {article(o['class'])} {o['class']}"
+        elif tag == "two_object":
+            a, b = inc
+            assert a["class"] != b["class"] and a["count"] == b["count"] == 1
             assert (
-                text.endswith(plural(inc[0]["class"]))
-                and m["exclude"][0]["count"] == inc[0]["count"] + 1
+                text
+                == f"a photo of {article(a['class'])} {a['class']} and {article(b['class'])} {b['class']}"
             )
-        elif m["tag"] == "color_attr":
-            assert f"{inc[0]['color']} {inc[0]['class']} and" in text
-    assert len(OBJECTS) == 80
-    assert plural("person") == "people" and plural("wine glass") == "wine glasses"
-    assert article("orange") == "an" and article("car") == "a"
+        elif tag == "counting":
+            (o,) = inc
+            words = {2: "two", 3: "three", 4: "four"}
+            assert m["exclude"] == [{"class": o["class"], "count": o["count"] + 1}]
+            assert text == f"a photo of {words[o['count']]} {plural(o['class'])}"
+        elif tag == "colors":
+            (o,) = inc
+            assert set(o) == {"class", "count", "color"} and o["class"] != "person"
+            assert text == f"a photo of {article(o['color'])} {o['color']} {o['class']}"
+        elif tag == "position":
+            # GenEval: "a photo of a A <relation> a B" has include [B, A at [relation, 0]]
+            b, a = inc
+            rel, target = a["position"]
+            assert target == 0 and "position" not in b
+            assert (
+                text
+                == f"a photo of {article(a['class'])} {a['class']} {rel} {article(b['class'])} {b['class']}"
+            )
+        else:
+            a, b = inc
+            assert a["color"] != b["color"]
+            assert text == (
+                f"a photo of {article(a['color'])} {a['color']} {a['class']} and "
+                f"{article(b['color'])} {b['color']} {b['class']}"
+            )
 
 
-def test_generator_says_when_a_tag_runs_out():
-    with pytest.raises(ValueError, match="give only 80 distinct prompts"):
+def test_english_plurals_and_articles():
+    assert [
+        plural(o) for o in ("person", "sheep", "skis", "scissors", "knife", "computer mouse")
+    ] == [
+        "people",
+        "sheep",
+        "skis",
+        "scissors",
+        "knives",
+        "computer mice",
+    ]
+    assert [plural(o) for o in ("wine glass", "bus", "bench", "toothbrush", "tv", "bear")] == [
+        "wine glasses",
+        "buses",
+        "benches",
+        "toothbrushes",
+        "tvs",
+        "bears",
+    ]
+    assert [article(w) for w in ("orange", "apple", "umbrella", "elephant", "car", "red")] == [
+        "an",
+        "an",
+        "an",
+        "an",
+        "a",
+        "a",
+    ]
+
+
+def test_generator_says_when_it_runs_out():
+    with pytest.raises(ValueError, match="give only 80 distinct prompts.*'single_object': 80"):
         make_geneval_prompts(200, seed=0, tags=["single_object"])  # only 80 classes
     every = {m["prompt"] for m in make_geneval_prompts(80, seed=0, tags=["single_object"])}
-    with pytest.raises(ValueError, match="single_object.*--n"):  # all 80 held out
+    with pytest.raises(ValueError, match=r"--n.*only 0 distinct .*--tags"):  # all 80 held out
         make_geneval_prompts(1, seed=0, tags=["single_object"], exclude_prompts=every)
+    with pytest.raises(ValueError, match=r"unknown tags \['colour'\]"):
+        make_geneval_prompts(1, seed=0, tags=["colour"])
+
+
+def test_toy_prompt_metadata_is_the_toy_split():
+    metas = toy_prompt_metadata("eval")
+    assert [m["prompt"] for m in metas] == load_prompts("toy", "eval")
+    assert metas[0] == Caption.parse(metas[0]["prompt"]).geneval_metadata()
+
+
+# ---- maskgrpo prompts make / check ---------------------------------------------------------
 
 
 def run_cli(argv):
@@ -158,12 +436,46 @@ def test_prompts_make_and_check(tmp_path, capsys):
     assert run_cli(argv) == 0
     held = set(load_prompt_records(str(evals)).texts)
     assert not held & set(load_prompt_records(str(train)).texts)
+    capsys.readouterr()
     assert run_cli(["prompts", "check", str(train), "--require-tag"]) == 0
-    out = capsys.readouterr().out
-    assert '"prompts": 120' in out and '"counting": 20' in out
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompts"] == 120 and report["dropped"] == {}
+    assert report["tags"] == dict.fromkeys(sorted(GENEVAL_TAGS), 20)
+    for suffix in (".json", ".txt"):
+        out = tmp_path / f"train{suffix}"
+        assert run_cli([*argv[:-1], str(out)]) == 0
+        assert load_prompts(str(out)) == load_prompts(str(train))
     toy = tmp_path / "toy.jsonl"
     assert run_cli(["prompts", "make", "--kind", "toy", "--split", "eval", "--out", str(toy)]) == 0
-    assert load_prompt_records(str(toy)).texts == load_prompts("toy", "eval")
+    assert load_prompt_records(str(toy)).records == [
+        PromptRecord(r.text, r.meta, f"{toy}:{i + 1}")
+        for i, r in enumerate(load_prompt_records("toy", "eval").records)
+    ]
+
+
+def test_prompts_check_counts_drops(tmp_path, capsys):
+    (tmp_path / "p.jsonl").write_text(f'{json.dumps(META[0])}\n{json.dumps(META[0])}\n"a cat"\n')
+    assert run_cli(["prompts", "check", str(tmp_path / "p.jsonl")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompts"] == 2 and report["dropped"] == {"duplicate": 1}
+    assert report["tags"] == {"None": 1, "counting": 1}
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["check", "{d}/bad.jsonl", "--require-tag"], ["bad.jsonl:1", "field 'tag'"]),
+        (["check", "{d}/nope.txt"], ["nope.txt", "no such prompts file"]),
+        (["make", "--n", "3", "--out", "{d}/p.csv"], ["p.csv", ".jsonl"]),
+        (["make", "--n", "3", "--tags", "colour", "--out", "{d}/p.txt"], ["unknown tags"]),
+        (["make", "--kind", "toy", "--tags", "colors", "--out", "{d}/p.txt"], ["--kind geneval"]),
+        (["make", "--n", "3", "--exclude", "{d}/nope.jsonl", "--out", "{d}/p.txt"], ["nope.jsonl"]),
+    ],
+)
+def test_prompts_command_errors_exit_2_with_the_message(tmp_path, capsys, argv, needles):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n')
-    assert run_cli(["prompts", "check", str(tmp_path / "bad.jsonl"), "--require-tag"]) == 2
-    assert "field 'tag'" in capsys.readouterr().err
+    code = run_cli(["prompts", *(a.format(d=tmp_path) for a in argv)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("maskgrpo: ")
+    for needle in needles:
+        assert needle in err, (needle, err)
