@@ -17,6 +17,7 @@ import torch
 
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.learner.collective import Channel, TensorMeta
 from maskgrpo_ray.phases import generate
@@ -129,15 +130,16 @@ class RolloutActor:
         )
         return batch
 
-    @ray.method(num_returns=2)
+    @ray.method(num_returns=3)
     def generate_split(
         self, prompts: list[str], positions: list[int], seed: int
-    ) -> tuple[RolloutBatch, torch.Tensor]:
-        """:meth:`generate` as two objects: the rollout without its images, and the images
-        ``uint8 [N, H, W, 3]``. The reward actor takes both; the driver fetches the first only
-        (and the images only when it draws a sample grid)."""
+    ) -> tuple[RolloutMeta, RolloutBatch, torch.Tensor]:
+        """:meth:`generate` as three objects: a small :class:`RolloutMeta` (all the driver
+        fetches), the rollout without its images (the reward actor and the learner ranks fetch
+        it) and the images ``uint8 [N, H, W, 3]`` (the reward actor's; the driver's only when
+        it draws a sample grid). ``maskgrpo_ray.data_plane`` says who reads what."""
         batch = self.generate(prompts, positions, seed)
-        return batch.without_images(), batch.images
+        return RolloutMeta.of(batch), batch.without_images(), batch.images
 
     def eval_unit(self, unit: EvalUnit) -> dict[str, torch.Tensor]:
         """One evaluation unit with the current weights, scored with the training reward:

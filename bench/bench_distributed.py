@@ -60,6 +60,8 @@ def run_backend(
         "learner_busy_fraction_median": statistics.median(
             [r.get("learner_busy_fraction", 0.0) for r in rows[1:]] or [0.0]
         ),
+        # the data plane (docs/ray_system.md, "Bytes per hop"), steps without a sample grid
+        **_bytes_medians(rows),
         "weight_sync_seconds_median": statistics.median(
             [r.get("weight_sync_seconds") or 0.0 for r in rows]
         ),
@@ -69,6 +71,22 @@ def run_backend(
             if k.startswith("time/")
         },
     }
+
+
+def _bytes_medians(rows: list[dict]) -> dict:
+    plain = [r for r in rows[1:] if "bytes/driver_grid" not in r] or rows
+    out = {}
+    for key in (
+        "bytes/rollouts",
+        "bytes/driver_received",
+        "bytes/driver_sent",
+        "bytes/learner_fetch",
+        "driver_bytes_fraction",
+    ):
+        vals = [r[key] for r in plain if key in r]
+        if vals:
+            out[key + "_median"] = statistics.median(vals)
+    return out
 
 
 def bench_weight_sync(sizes_mb: list[float], repeats: int, num_targets: int) -> list[dict]:
@@ -153,12 +171,15 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    print("| mode | samples/s (steady median) | vs local | learner busy (median) |")
-    print("|---|---|---|---|")
+    print("| mode | samples/s (steady median) | vs local | learner busy (median) | driver bytes |")
+    print("|---|---|---|---|---|")
     for name, r in (("local", local), ("Ray sync", ray_run), ("Ray async (lag 1)", ray_async)):
         sps = r["steady_median_samples_per_second"]
+        frac = r.get("driver_bytes_fraction_median")
+        share = "-" if frac is None else f"{frac:.2%} of the rollout bytes"
         print(
-            f"| {name} | {sps:.1f} | {sps / lsps:.2f} | {r['learner_busy_fraction_median']:.2f} |"
+            f"| {name} | {sps:.1f} | {sps / lsps:.2f} | "
+            f"{r['learner_busy_fraction_median']:.2f} | {share} |"
         )
 
 

@@ -17,6 +17,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
 from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner
 from maskgrpo_ray.settings import RunSettings
@@ -24,13 +25,6 @@ from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
 ERROR_GRACE_S = 30.0  # after one rank's error, how long the others may take to report theirs
-
-
-def micro_batches_per_rank(
-    shards: list[TrainBatch], steps_trained: int, micro_batch: int
-) -> list[int]:
-    """Backward calls each rank needs for one optimizer step (its pairs / micro-batch)."""
-    return [math.ceil(s.num_samples * steps_trained / micro_batch) for s in shards]
 
 
 def reduce_rank_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
@@ -97,22 +91,43 @@ class LearnerGroup:
         self.planner = UpdatePlanner(settings.update)
         self.version = 0
 
-    def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One update on all ranks (``learner_core.apply_update`` each), planned once here."""
+    def update(
+        self, batch: TrainBatch | TrainRefs, traffic: Traffic | None = None
+    ) -> dict[str, float]:
+        """One update on all ranks (``learner_core.apply_update`` each), planned once here.
+
+        A ``TrainBatch`` is cut into the ranks' shards here, before ``ray.put``. A
+        ``TrainRefs`` (the rollouts in the object store) becomes one ``ShardPlan`` per rank
+        with the references of the chunks holding its groups: each rank fetches them itself
+        (``data_plane.fetch_shard``), so no rollout tensor passes through this process. Both
+        give every rank the same shard. ``traffic`` counts the bytes this process moves."""
         plan = self.planner.plan(self.version)
         k = plan.units_per_pass
         pairs = batch.num_samples * k
-        # each rank is sent only its own groups: the shards are cut here, before ray.put
-        shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
-        per_rank = micro_batches_per_rank(shards, k, self.settings.update.micro_batch_pairs)
+        w = self.world_size
+        if isinstance(batch, TrainRefs):
+            plans = [batch.shard(r, w) for r in range(w)]
+            sizes = [p.num_samples for p, _ in plans]
+            args: list[tuple[Any, list[Any] | None]] = [(p, refs) for p, refs in plans]
+            if traffic is not None:
+                for p, refs in plans:
+                    traffic.sent += wire_bytes(p) + REF_BYTES * len(refs)
+                    traffic.learner_fetch += p.fetch_bytes
+        else:  # each rank is sent only its own groups: the shards are cut before ray.put
+            shards = [batch.shard(r, w) for r in range(w)]
+            sizes = [s.num_samples for s in shards]
+            args = [(ray.put(shard), None) for shard in shards]
+        per_rank = [math.ceil(n * k / self.settings.update.micro_batch_pairs) for n in sizes]
         calls = max(max(per_rank), 1)
         outs = self.gather(
             [
-                w.update.remote(ray.put(shard), plan, pairs / self.world_size, calls)
-                for w, shard in zip(self.workers, shards, strict=True)
+                wk.update.remote(shard, plan, pairs / w, calls, refs)
+                for wk, (shard, refs) in zip(self.workers, args, strict=True)
             ],
             "update",
         )
+        if traffic is not None:
+            traffic.received += sum(wire_bytes(o) for o in outs)
         self.version += 1
         return reduce_rank_metrics(outs)
 

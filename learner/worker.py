@@ -26,6 +26,7 @@ import torch
 
 from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
+from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
 from maskgrpo_ray.learner.collective import (
     Channel,
     TensorMeta,
@@ -203,17 +204,28 @@ class LearnerWorker:
         self.hook_norm = grad_norm_and_clip(params, self.update_settings.grad_clip_norm)
 
     def update(
-        self, shard: TrainBatch, plan: UpdatePlan, normalizer: float, num_backward: int
+        self,
+        shard: TrainBatch | ShardPlan,
+        plan: UpdatePlan,
+        normalizer: float,
+        num_backward: int,
+        chunks: list[ray.ObjectRef] | None = None,
     ) -> dict[str, float]:
         """``learner_core.apply_update`` on this rank's shard of the update's batch.
 
         Args:
-            shard: this rank's groups (``TrainBatch.shard(rank, world)``, cut by the group).
+            shard: this rank's groups (``TrainBatch.shard(rank, world)``, cut by the group),
+                or its ``data_plane.ShardPlan``: the shard is then built here from ``chunks``,
+                the references of the rollout chunks holding its groups, fetched by this rank.
             plan: the trained unmasking steps and the learning rate (same on every rank).
             normalizer: ``M / W``, pairs of the whole update per rank.
             num_backward: backward calls per optimizer step on every rank (the most any rank
                 needs); this rank pads with zero-loss backwards.
+            chunks: with a ``ShardPlan``, the chunk references (not resolved by Ray: a list).
         """
+        if isinstance(shard, ShardPlan):
+            assert chunks is not None, "a ShardPlan comes with its chunk references"
+            shard = fetch_shard(shard, chunks)
         return apply_update(
             self.optimizing,
             shard,

@@ -22,6 +22,7 @@ import torch
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.data_plane import concat_rollouts, fetch_rollout, rollout_nbytes
 from maskgrpo_ray.evaluation.weights import save_final_policy
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
@@ -31,7 +32,7 @@ from maskgrpo_ray.phases import (
     merge_reward_failures,
     reward_failure_metrics,
 )
-from maskgrpo_ray.types import ScoredBatch, tensor_nbytes
+from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,9 @@ class Executor(Protocol):
 
     policy_version: int
 
-    def generate_and_score(
-        self, prompts: list[str], positions: list[int], with_images: bool = True
-    ) -> ScoredBatch: ...
+    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+        """The prompts' groups, generated and scored (on Ray the rollout stays in the object
+        store: ``scored.rollout`` is a ``data_plane.RolloutRefs``)."""
 
     def filter(self, scored: ScoredBatch) -> FilterResult: ...
 
@@ -92,12 +93,11 @@ class StepOutcome:
     row: dict[str, Any]
     scored: ScoredBatch | None  # the trained groups, or every generated one if none was
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)  # this step's
+    grid: RolloutBatch | None = None  # ``scored``'s tensors with images, on sample-grid steps
 
 
 def _merge(parts: list[ScoredBatch]) -> ScoredBatch:
-    from maskgrpo_ray.types import RolloutBatch
-
-    rb = RolloutBatch.concat([p.rollout for p in parts])
+    rb = concat_rollouts([p.rollout for p in parts])
     keys = set(parts[0].reward_parts)
     acc = None
     if all(p.accuracy is not None for p in parts):
@@ -127,7 +127,6 @@ def collect_groups(
     positions: list[int],
     timer: PhaseTimer,
     first: ScoredBatch | None = None,
-    with_images: bool = True,
 ) -> Collected:
     """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
 
@@ -149,10 +148,7 @@ def collect_groups(
             scored = first
         else:
             with timer("generate_score"):
-                if with_images:
-                    scored = ex.generate_and_score(todo_prompts, todo_pos)
-                else:
-                    scored = ex.generate_and_score(todo_prompts, todo_pos, with_images=False)
+                scored = ex.generate_and_score(todo_prompts, todo_pos)
         all_parts.append(scored)
         with timer("filter"):
             res = ex.filter(scored)
@@ -196,7 +192,6 @@ class RolloutsAhead:
     def __init__(self, ex: Any, stream: Any, prompts_per_step: int) -> None:
         self.ex, self.stream, self.n = ex, stream, prompts_per_step
         self.future: Any = None
-        self.with_images = True  # whether the next step draws a sample grid
         self.taken: tuple[list[str], list[int]] | None = None
         self.stream_before: Any = None
 
@@ -207,7 +202,7 @@ class RolloutsAhead:
     def start(self) -> None:
         self.stream_before = self.stream.state_dict()
         self.taken = self.stream.take(self.n)
-        self.future = self.ex.generate_and_score_async(*self.taken, self.with_images)
+        self.future = self.ex.generate_and_score_async(*self.taken)
 
     def wait(self) -> None:
         if self.future is not None:
@@ -256,9 +251,7 @@ def run_step(
     the rollout actors generate while the learner trains (``rollout.max_policy_lag`` 1)."""
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    # on Ray the images go from rollout to reward actors only, unless a sample grid is due
-    with_images = cfg.run.backend != "ray" or _grid_due(cfg, step)
-    col = collect_groups(ex, cfg, prompts, positions, timer, first, with_images)
+    col = collect_groups(ex, cfg, prompts, positions, timer, first)
     if ahead is not None:
         ahead.start()
     row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **col.stats}
@@ -266,9 +259,9 @@ def run_step(
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
     # the data plane per step (docs/ray_system.md, "Bytes per hop")
-    gen = col.generated.rollout
-    row["bytes/driver_rollouts"] = float(tensor_nbytes(gen))  # images only on grid steps
-    row["bytes/rollouts_without_images"] = float(tensor_nbytes(gen) - tensor_nbytes_of(gen.images))
+    tensors, images = rollout_nbytes(col.generated.rollout)
+    row["bytes/rollouts"] = float(tensors + images)
+    row["bytes/rollouts_without_images"] = float(tensors)
     row["bytes/rewards"] = float(
         tensor_nbytes_of(col.generated.rewards)
         + sum(tensor_nbytes_of(v) for v in col.generated.reward_parts.values())
@@ -278,7 +271,8 @@ def run_step(
         keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, cfg.train.advantage_eps)
-        row["bytes/train_batch"] = float(tensor_nbytes(tb))  # driver -> learner ranks
+        if isinstance(tb, TrainBatch):  # one process: the batch itself
+            row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
             row.update(ex.update(tb))
         if ahead is not None:
@@ -294,14 +288,21 @@ def run_step(
             ahead.wait()
         row["groups_trained"] = 0.0
         log.warning("step %d: no group survived scoring and filtering; update skipped", step)
+    grid = None
+    if _grid_due(cfg, step):  # the one time the driver fetches rollout tensors (Ray)
+        grid = fetch_rollout(scored.rollout, images=True)
+        row["bytes/driver_grid"] = float(tensor_nbytes(grid))
     row.update(ex.filter_stats())
     row.update(ex.extra_metrics())
+    if "bytes/driver_received" in row and row["bytes/rollouts"] > 0:
+        handled = row["bytes/driver_received"] + row["bytes/driver_sent"]
+        row["driver_bytes_fraction"] = handled / row["bytes/rollouts"]  # grid steps aside
     row.update({f"time/{k}": v for k, v in timer.seconds.items()})
     wall = time.perf_counter() - t0
     row["step_seconds"] = wall
     row["learner_busy_fraction"] = timer.seconds.get("update", 0.0) / wall if wall > 0 else 0.0
     row["samples_per_second"] = n_samples / wall if wall > 0 else float("nan")
-    return StepOutcome(row, scored, col.generated.reward_failures)
+    return StepOutcome(row, scored, col.generated.reward_failures, grid)
 
 
 def tensor_nbytes_of(t: torch.Tensor) -> int:
@@ -597,8 +598,6 @@ def _one_step(
     if first is not None:
         kw["first"] = first
     if go_ahead:
-        assert ahead is not None
-        ahead.with_images = _grid_due(cfg, step + 1)
         kw["ahead"] = ahead
     out = run_step(ex, cfg, step, prompts, positions, **kw)
     row = out.row
@@ -606,8 +605,8 @@ def _one_step(
     every = cfg.eval.every_steps
     if every and (step + 1) % every == 0 and step < last:
         row.update(_evaluate(ex, eval_prompts))
-    if _grid_due(cfg, step) and out.scored is not None:
-        rb = out.scored.rollout
+    if out.grid is not None:
+        rb = out.grid
         runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
     runlog.log_step(row)
     return row

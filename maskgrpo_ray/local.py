@@ -48,10 +48,8 @@ class LocalExecutor:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
         self.prompt_meta = table
 
-    def generate_and_score(
-        self, prompts: list[str], positions: list[int], with_images: bool = True
-    ) -> ScoredBatch:
-        """In one process the images are at hand either way (``with_images`` is for Ray)."""
+    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+        """The prompts' groups, generated and scored in this process."""
         rb = generate(
             self.policy,
             prompts,

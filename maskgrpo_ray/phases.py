@@ -23,6 +23,7 @@ from maskgrpo_ray.algo.estimators import (
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss
 from maskgrpo_ray.algo.sampling import rollout
+from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.types import RewardResult, RolloutBatch, ScoredBatch, TrainBatch
@@ -298,11 +299,18 @@ def filter_rewards(rewards: torch.Tensor, g: int, filt: StdHistoryFilter | None)
     return FilterResult(keep, invalid, stds)
 
 
-def make_train_batch(scored: ScoredBatch, keep: torch.Tensor, advantage_eps: float) -> TrainBatch:
-    """Advantages per group (Eq. 12) for the kept groups."""
+def make_train_batch(
+    scored: ScoredBatch, keep: torch.Tensor, advantage_eps: float
+) -> TrainBatch | TrainRefs:
+    """Advantages per group (Eq. 12) for the kept groups: a ``TrainBatch``, or on Ray (the
+    rollout left in the object store) a ``data_plane.TrainRefs`` that the learner ranks turn
+    into their shards themselves."""
     rb = scored.rollout.group_slice(keep)
     rewards = scored.rewards.view(-1, rb.group_size)[keep].view(-1)
-    return TrainBatch.from_rollout(rb, group_advantages(rewards, rb.group_size, advantage_eps))
+    adv = group_advantages(rewards, rb.group_size, advantage_eps)
+    if isinstance(rb, RolloutRefs):
+        return TrainRefs(rb, adv)
+    return TrainBatch.from_rollout(rb, adv)
 
 
 def pair_query(

@@ -2,7 +2,8 @@
 
 The prompts of a call are cut into chunks; an idle rollout actor takes the next chunk, and each
 finished rollout goes straight on to the least busy reward actor (the object store carries it;
-the driver holds references). A rollout actor that dies mid-chunk, or whose call outlives its
+the driver holds references and fetches only a small meta and the rewards:
+``maskgrpo_ray.data_plane``). A rollout actor that dies mid-chunk, or whose call outlives its
 deadline (hung: it is killed), is healed: the ``heal`` callback replaces it (a fresh actor with
 the current weights, within the run's restart budget) or, past the budget, it is only dropped.
 Its chunk is re-issued with the same seed, so the same samples come back: no group is lost and
@@ -20,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import ray
-import torch
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
+from maskgrpo_ray.data_plane import REF_BYTES, RolloutMeta, RolloutRefs, Traffic, wire_bytes
 from maskgrpo_ray.ray_metrics import RayMetrics
-from maskgrpo_ray.types import RolloutBatch, ScoredBatch
+from maskgrpo_ray.types import RewardResult, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +118,22 @@ class ChunkScheduler:
         self.metrics.gauge("maskgrpo_queue_inflight_rollouts", gen)
         self.metrics.gauge("maskgrpo_queue_inflight_rewards", rew)
 
-    def run(self, chunks: list[Chunk], with_images: bool = True) -> dict[int, ScoredBatch]:
-        """Every chunk generated and scored, by chunk index. A rollout travels as two objects
-        (``generate_split``): the rollout without images, which the driver fetches, and the
-        images, which only the reward actor reads; the driver fetches them too only when
-        ``with_images`` (a sample grid is due), else its batches hold ``[N, 0, 0, 3]`` images."""
+    def run(self, chunks: list[Chunk], traffic: Traffic) -> dict[int, ScoredBatch]:
+        """Every chunk generated and scored, by chunk index. A rollout travels as three objects
+        (``generate_split``): a small meta, the rollout without images and the images. The
+        reward actor reads the last two; this process fetches the meta and the rewards only:
+        each result's ``rollout`` is a :class:`~maskgrpo_ray.data_plane.RolloutRefs`. The bytes
+        this process sends and receives are added to ``traffic``."""
         pending = deque(chunks)
         idle: deque[Member] = deque(self.rollouts.members)
-        gen: dict[Any, tuple[Chunk, Member, Any]] = {}  # rollout ref -> (chunk, actor, images)
-        rew: dict[Any, tuple[Chunk, Refs, Member]] = {}
+        # meta ref -> (chunk, actor, (rollout ref, images ref))
+        gen: dict[Any, tuple[Chunk, Member, Refs]] = {}
+        rew: dict[Any, tuple[Chunk, Refs, Member, RolloutMeta]] = {}
         deadline: dict[Any, float] = {}  # in-flight call -> monotonic deadline
         load = {m.actor_id: 0 for m in self.rewards.members}
         done: dict[int, ScoredBatch] = {}
 
-        def send_to_reward(ch: Chunk, rollout_ref: Refs) -> None:
+        def send_to_reward(ch: Chunk, rollout_ref: Refs, meta: RolloutMeta) -> None:
             if not len(self.rewards):
                 raise RuntimeError(
                     "every reward actor is lost and the restart budget is spent "
@@ -139,7 +142,8 @@ class ChunkScheduler:
             ra = min(self.rewards.members, key=lambda m: load.get(m.actor_id, 0))
             load[ra.actor_id] = load.get(ra.actor_id, 0) + 1
             ref = ra.handle.score.remote(*rollout_ref)
-            rew[ref] = (ch, rollout_ref, ra)
+            traffic.sent += 2 * REF_BYTES
+            rew[ref] = (ch, rollout_ref, ra, meta)
             deadline[ref] = time.monotonic() + self.reward_call_s
 
         def rollout_lost(ch: Chunk, ro: Member, why: str) -> None:
@@ -152,7 +156,9 @@ class ChunkScheduler:
                     idle.append(fresh)
             pending.appendleft(ch)
 
-        def reward_lost(ch: Chunk, rollout_ref: Refs, ra: Member, why: str) -> None:
+        def reward_lost(
+            ch: Chunk, rollout_ref: Refs, ra: Member, meta: RolloutMeta, why: str
+        ) -> None:
             self.counters["chunks_rescored"] += 1
             if any(m is ra for m in self.rewards.members):  # its other calls are lost too:
                 load.pop(ra.actor_id, None)  # heal it once, on the first of them
@@ -160,14 +166,17 @@ class ChunkScheduler:
                 fresh = self.heal_reward(ra, why)
                 if fresh is not None:
                     load[fresh.actor_id] = 0
-            send_to_reward(ch, rollout_ref)
+            send_to_reward(ch, rollout_ref, meta)
 
         while pending or gen or rew:
             while pending and idle:
                 ro, ch = idle.popleft(), pending.popleft()
-                ref, images = ro.handle.generate_split.remote(ch.prompts, ch.positions, ch.seed)
-                gen[ref] = (ch, ro, images)
-                deadline[ref] = time.monotonic() + self.rollout_call_s
+                meta_ref, ref, images = ro.handle.generate_split.remote(
+                    ch.prompts, ch.positions, ch.seed
+                )
+                gen[meta_ref] = (ch, ro, (ref, images))
+                traffic.sent += wire_bytes((ch.prompts, ch.positions, ch.seed))
+                deadline[meta_ref] = time.monotonic() + self.rollout_call_s
                 self.counters["chunks_issued"] += 1
             if pending and not gen and not idle:
                 raise RuntimeError(
@@ -186,37 +195,36 @@ class ChunkScheduler:
                         ch, ro, _ = gen.pop(ref)
                         rollout_lost(ch, ro, "hung")
                     else:
-                        ch, rollout_ref, ra = rew.pop(ref)
-                        reward_lost(ch, rollout_ref, ra, "hung")
+                        ch, rollout_ref, ra, meta = rew.pop(ref)
+                        reward_lost(ch, rollout_ref, ra, meta, "hung")
                 continue
             ref = ready[0]
             deadline.pop(ref)
             if ref in gen:
-                ch, ro, images = gen.pop(ref)
+                ch, ro, rollout_ref = gen.pop(ref)
                 try:
-                    ray.get(ref)
+                    meta = cast(RolloutMeta, ray.get(ref))
                 except RayActorError:
                     rollout_lost(ch, ro, "died")
                     continue
+                traffic.received += wire_bytes(meta)
                 idle.append(ro)
                 self.chunks_by_actor[ro.actor_id] = self.chunks_by_actor.get(ro.actor_id, 0) + 1
-                send_to_reward(ch, (ref, images))
+                send_to_reward(ch, rollout_ref, meta)
             else:
-                ch, rollout_ref, ra = rew.pop(ref)
+                ch, rollout_ref, ra, meta = rew.pop(ref)
                 try:
-                    result = ray.get(ref)
+                    result = cast(RewardResult, ray.get(ref))
                 except RayActorError:
-                    reward_lost(ch, rollout_ref, ra, "died")
+                    reward_lost(ch, rollout_ref, ra, meta, "died")
                     continue
+                traffic.received += wire_bytes(result)
                 load[ra.actor_id] = load.get(ra.actor_id, 1) - 1
                 if ch.index in done:
                     raise RuntimeError(f"chunk {ch.index} finished twice")
-                # the reward actor returns scores only; the rollout comes from the object store
-                rb = cast(RolloutBatch, ray.get(rollout_ref[0], timeout=self.timeout_s))
-                if with_images:
-                    imgs = cast(torch.Tensor, ray.get(rollout_ref[1], timeout=self.timeout_s))
-                    rb = rb.with_images(imgs)
-                done[ch.index] = ScoredBatch.join(rb, result)
+                # the reward actor returns scores only; the rollout stays in the object store
+                view = RolloutRefs.of_chunk(ch.prompts, ch.positions, *rollout_ref, meta)
+                done[ch.index] = ScoredBatch.join(view, result)
         self._gauge(0, 0, 0)
         return done
 

@@ -29,6 +29,7 @@ from maskgrpo_ray.actors.pool import ActorPool, Member
 from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.actors.rollout import RemoteRolloutActor
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.data_plane import Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.driver import _merge
 from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
@@ -57,6 +58,21 @@ def rollout_pool(
         timeout_s,
         on_size=on_size,
     )
+
+
+class _CountedFuture:
+    """An asynchronous rollout's future whose traffic is added to the executor's when its
+    result is first taken (so it counts in the step that uses it)."""
+
+    def __init__(self, future: Future[ScoredBatch], traffic: Traffic, ex: RayExecutor) -> None:
+        self.future, self.traffic, self.ex, self.counted = future, traffic, ex, False
+
+    def result(self) -> ScoredBatch:
+        out = self.future.result()
+        if not self.counted:
+            self.counted = True
+            self.ex.traffic.add(self.traffic)
+        return out
 
 
 class RayExecutor:
@@ -97,6 +113,7 @@ class RayExecutor:
         self.prompt_meta: Any = None  # an object-store ref to prompt text -> metadata
         self._ahead: ThreadPoolExecutor | None = None  # asynchronous rollouts (max_policy_lag)
         self.last_sync_bytes = 0
+        self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
         self.control, self.control_name = start_control_actor(cfg.run.name)
         log.info(
             "control actor %r (namespace %r): `maskgrpo scale --run %s --rollout N` "
@@ -296,24 +313,22 @@ class RayExecutor:
 
     # ------------------------------------------------------------------ phases
 
-    def generate_and_score(
-        self, prompts: list[str], positions: list[int], with_images: bool = True
-    ) -> ScoredBatch:
-        """All prompts' groups, generated and scored; order follows ``prompts``. Without
-        ``with_images`` the batch's images are ``[N, 0, 0, 3]``: they went from the rollout
-        actors to the reward actors only, never to this process."""
-        return self._run_chunks(self._chunks(prompts, positions), with_images)
+    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+        """All prompts' groups, generated and scored; order follows ``prompts``. The rollout
+        stays in the object store: ``scored.rollout`` is a ``data_plane.RolloutRefs`` (the
+        driver fetched a small meta and the rewards of each chunk)."""
+        return self._run_chunks(self._chunks(prompts, positions), self.traffic)
 
-    def generate_and_score_async(
-        self, prompts: list[str], positions: list[int], with_images: bool = True
-    ) -> Future[ScoredBatch]:
+    def generate_and_score_async(self, prompts: list[str], positions: list[int]) -> _CountedFuture:
         """:meth:`generate_and_score` in a background thread (``rollout.max_policy_lag`` 1),
         with the chunk seeds fixed now, on the calling thread, so they do not depend on when
-        the learner's update lands. Only the learner may be called until it is done."""
+        the learner's update lands. Only the learner may be called until it is done. Its
+        traffic counts in the step that takes the result."""
         chunks = self._chunks(prompts, positions)
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="maskgrpo-rollouts-ahead")
-        return self._ahead.submit(self._run_chunks, chunks, with_images)
+        traffic = Traffic()
+        return _CountedFuture(self._ahead.submit(self._run_chunks, chunks, traffic), traffic, self)
 
     def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
         call, version = self._calls_this_version, self.policy_version
@@ -325,8 +340,8 @@ class RayExecutor:
             lambda i: chunk_seed(self.run_seed, version, call, i),
         )
 
-    def _run_chunks(self, chunks: list[Chunk], with_images: bool = True) -> ScoredBatch:
-        done = self.scheduler.run(chunks, with_images)
+    def _run_chunks(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+        done = self.scheduler.run(chunks, traffic)
         return _merge([done[i] for i in sorted(done)])
 
     def filter(self, scored: ScoredBatch) -> FilterResult:
@@ -338,6 +353,8 @@ class RayExecutor:
             try:
                 ref = self.filter_actor.filter_and_state.remote(*args)
                 res, self._filter_snapshot = ray.get(ref, timeout=self.timeout_s)
+                self.traffic.sent += wire_bytes(args)
+                self.traffic.received += wire_bytes(res)
                 return res
             except RayActorError:
                 self._restart_filter()
@@ -367,8 +384,10 @@ class RayExecutor:
         ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
         self._filter_snapshot = state
 
-    def update(self, batch: TrainBatch) -> dict[str, float]:
-        metrics = self.learner.update(batch)
+    def update(self, batch: TrainBatch | TrainRefs) -> dict[str, float]:
+        """One learner update. A ``TrainRefs`` (the driver's loop): each rank is sent its plan
+        and the chunk references and fetches its groups itself."""
+        metrics = self.learner.update(batch, self.traffic)
         self.policy_version = self.learner.version
         self._calls_this_version = 0
         return metrics
@@ -434,6 +453,7 @@ class RayExecutor:
         out["actor_recovery_seconds"] = self.last_recovery_s
         out["learner_world_size"] = float(self.learner.world_size)
         out["weight_sync_bytes"] = float(self.last_sync_bytes)
+        out.update(self.traffic.take())  # the data plane since the last call
         return out
 
     # ------------------------------------------------------------------ checkpoints

@@ -8,9 +8,12 @@ Groups are contiguous: sample ``n`` belongs to prompt ``n // G``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.data_plane import RolloutRefs
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -189,9 +192,13 @@ class RewardResult:
 
 @dataclass(frozen=True)
 class ScoredBatch:
-    """A rollout with its rewards; NaN rewards mark failed scores (their groups are skipped)."""
+    """A rollout with its rewards; NaN rewards mark failed scores (their groups are skipped).
 
-    rollout: RolloutBatch
+    ``rollout`` is the rollout itself (one process) or, on Ray, a
+    :class:`~maskgrpo_ray.data_plane.RolloutRefs`: the driver's view of a rollout that stays in
+    the object store (``data_plane.fetch_rollout`` brings its tensors when needed)."""
+
+    rollout: RolloutBatch | RolloutRefs
     rewards: torch.Tensor  # [N] float32 (weighted total)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
@@ -199,7 +206,7 @@ class ScoredBatch:
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @staticmethod
-    def join(rollout: RolloutBatch, result: RewardResult) -> ScoredBatch:
+    def join(rollout: RolloutBatch | RolloutRefs, result: RewardResult) -> ScoredBatch:
         """A rollout and its reward actor's result, checked against each other."""
         return ScoredBatch(
             rollout,

@@ -17,6 +17,7 @@ import torch
 from maskgrpo_ray import driver
 from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
+from maskgrpo_ray.data_plane import fetch_rollout
 from maskgrpo_ray.phases import make_train_batch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -141,7 +142,9 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     assert victim not in ex.rollout_actor_ids()
     assert len(ex.rollout_actor_ids()) == 2  # healed: a replacement took the victim's place
     assert crashed.rollout.prompt_indices == positions  # each prompt once, in order
-    assert torch.equal(crashed.rollout.final_tokens, clean.rollout.final_tokens)
+    assert torch.equal(
+        fetch_rollout(crashed.rollout).final_tokens, fetch_rollout(clean.rollout).final_tokens
+    )
     assert torch.equal(crashed.rewards, clean.rewards)
     keep = torch.ones(len(prompts), dtype=torch.bool)
     tb = make_train_batch(crashed, keep, 1e-4)
