@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def small_cfg(*extra: str) -> Config:
     )
 
 
-def toy_batch(cfg: Config) -> TrainBatch:
+def toy_batch(cfg: Config, with_rollout: bool = False) -> Any:
     """3 groups of G=6 from the base model, with random (non-zero) advantages.
 
     72 (sample, step) pairs: rank 0 holds groups 0 and 2 (48 pairs, 3 micro-batches of 20),
@@ -74,6 +75,8 @@ def toy_batch(cfg: Config) -> TrainBatch:
         cfg.train.advantage_eps,
     )
     adv = torch.randn(tb.num_samples, generator=torch.Generator().manual_seed(4))
+    if with_rollout:
+        return replace(tb, advantages=adv), rb
     return replace(tb, advantages=adv)
 
 
@@ -124,3 +127,46 @@ def test_world2_update_equals_single_process_update(ray_cluster):
         assert g["ratio_mean"] == pytest.approx(r["ratio_mean"], rel=1e-5)
     # the second update saw a ratio != 1 (old log-probs are the batch's), so clipping mattered
     assert got[1]["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(600)
+def test_world2_ranks_fetching_their_chunks_equal_the_cut_shards(ray_cluster):
+    """The driver-free path: the batch's groups left in the object store as two chunks, each
+    rank sent its ShardPlan and the chunk references, fetching its groups itself. Two updates
+    give weights and metrics bit-identical to the same updates with the shards cut on the
+    driver (the path the test above checks against the single process)."""
+    import ray
+
+    from maskgrpo_ray.data_plane import RolloutMeta, RolloutRefs, Traffic, TrainRefs
+    from maskgrpo_ray.learner.group import LearnerGroup
+
+    cfg = small_cfg()
+    batch, rb = toy_batch(cfg, with_rollout=True)
+    views = []
+    for keep in ([True, True, False], [False, False, True]):  # chunks of 2 and 1 prompts
+        part = rb.group_slice(torch.tensor(keep))
+        ref, images = ray.put(part.without_images()), ray.put(part.images)
+        views.append(
+            RolloutRefs.of_chunk(
+                part.prompts, part.prompt_indices, ref, images, RolloutMeta.of(part)
+            )
+        )
+    refs = TrainRefs(RolloutRefs.concat(views), batch.advantages)
+    runs = []
+    for arg in (batch, refs):
+        group = LearnerGroup(settings_from_config(cfg), timeout_s=300)
+        traffic = Traffic()
+        try:
+            metrics = [group.update(arg, traffic) for _ in range(2)]
+            runs.append((metrics, group.all_ranks_state()[0], traffic.take()))
+        finally:
+            group.shutdown()
+    (m_cut, w_cut, _), (m_ref, w_ref, t_ref) = runs
+    for name, t in w_cut.items():
+        assert torch.equal(t, w_ref[name]), name
+    assert m_cut == m_ref
+    # rank 0 fetched both chunks (groups 0 and 2), rank 1 the first (group 1), per update
+    sizes = [v.pieces[0].meta.tensor_bytes for v in views]
+    assert t_ref["bytes/learner_fetch"] == 2 * (sizes[0] + sizes[1] + sizes[0])
