@@ -76,6 +76,22 @@ def deepspeed_config(update: UpdateSettings, learner: LearnerSettings) -> dict[s
     }
 
 
+def auto_threads(learner: LearnerSettings, world_size: int, cores: int, device: str) -> int:
+    """A rank's torch threads (0: leave torch's default). ``torch_threads_per_worker`` when
+    set; on GPU torch's default. On CPU in the synchronous loop the rollout actors wait while
+    the learner works, so the ranks share the node's cores; with asynchronous rollouts
+    (``rollout.max_policy_lag`` > 0) they generate during the update on the same cores, so a
+    rank keeps to the CPUs Ray reserved for it (``learner.num_cpus_per_worker``, at least 1)
+    instead of oversubscribing them (docs/ray_system.md, "Benchmark")."""
+    if learner.torch_threads_per_worker > 0:
+        return learner.torch_threads_per_worker
+    if device != "cpu":
+        return 0
+    if learner.overlapped:
+        return max(1, int(learner.num_cpus_per_worker))
+    return max(1, cores // world_size)
+
+
 class DeepSpeedOptimizing:
     """The learner-rank backend of ``learner_core.apply_update``: a DeepSpeed engine.
 
@@ -124,11 +140,7 @@ class LearnerWorker:
         self.update_settings, self.learner = update, learner
         self.rank, self.world_size = rank, world_size
         self.device = resolve_device(learner.num_gpus_per_worker)
-        threads = learner.torch_threads_per_worker
-        if threads == 0 and self.device.type == "cpu":
-            # in the synchronous loop rollouts wait while the learner works; with
-            # rollout.max_policy_lag 1 on a CPU node they share these cores (docs/ray_system.md)
-            threads = max(1, (os.cpu_count() or 1) // world_size)
+        threads = auto_threads(learner, world_size, os.cpu_count() or 1, self.device.type)
         if threads > 0:
             torch.set_num_threads(threads)
         self.policy = build_policy(model, self.device)

@@ -384,7 +384,11 @@ class LearnerConfig(_Strict):
     torch_threads_per_worker: int = Field(
         0,
         ge=0,
-        description="torch threads per rank; 0: on CPU the node's cores / num_workers, on GPU Ray's",
+        description=(
+            "torch threads per rank; 0: on GPU torch's default; on CPU the node's cores / "
+            "num_workers in the synchronous loop, and num_cpus_per_worker (at least 1) with "
+            "rollout.max_policy_lag > 0, where rollouts run on the same cores during the update"
+        ),
     )
     activation_checkpointing: bool = Field(
         False,

@@ -85,10 +85,12 @@ class LearnerSettings:
     bf16: bool
     num_cpus_per_worker: float
     num_gpus_per_worker: float
-    torch_threads_per_worker: int  # 0: cores / world on CPU, Ray's on GPU
+    torch_threads_per_worker: int  # 0: auto (see LearnerWorker), Ray's on GPU
     activation_checkpointing: bool = False
     weight_sync: str = "object_store"  # resolved: "object_store" or "collective"
     weight_sync_bucket_bytes: int = 256 << 20
+    # rollout.max_policy_lag > 0: rollouts run during the update, on the same CPUs if no GPU
+    overlapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ def settings_from_config(cfg: Config) -> RunSettings:
         activation_checkpointing=lc.activation_checkpointing,
         weight_sync=resolve_weight_sync(cfg),
         weight_sync_bucket_bytes=int(lc.weight_sync_bucket_mb * (1 << 20)),
+        overlapped=cfg.rollout.max_policy_lag > 0,
     )
     specs = []
     for c in cfg.reward.components:

@@ -6,6 +6,7 @@ import pytest
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import RENAMED_FIELDS, ConfigError, load_config
+from maskgrpo_ray.settings import settings_from_config
 
 
 def test_toy_config_loads_and_overrides_apply():
@@ -153,3 +154,21 @@ def test_cli_old_name_exits_2_before_starting_anything(capsys, tmp_path):
     assert main(argv) == 2
     assert "rollout.num_steps was renamed rollout.unmasking_steps" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_learner_threads_keep_to_the_ranks_cpus_when_rollouts_overlap():
+    """Auto torch threads of a CPU learner rank: the node's cores per rank in the synchronous
+    loop; with asynchronous rollouts the rank's reserved CPUs (the rollouts use the rest)."""
+    from maskgrpo_ray.learner.worker import auto_threads
+
+    def learner(*extra: str):
+        return settings_from_config(load_config("configs/toy.yaml", list(extra))).learner
+
+    assert auto_threads(learner(), 1, 8, "cpu") == 8
+    assert auto_threads(learner("learner.num_workers=2"), 2, 8, "cpu") == 4
+    lag = learner("rollout.max_policy_lag=1")
+    assert lag.overlapped and auto_threads(lag, 1, 8, "cpu") == 1  # 0.5 CPUs reserved -> 1
+    more = learner("rollout.max_policy_lag=1", "learner.num_cpus_per_worker=3")
+    assert auto_threads(more, 1, 8, "cpu") == 3
+    assert auto_threads(learner("learner.torch_threads_per_worker=5"), 1, 8, "cpu") == 5
+    assert auto_threads(lag, 1, 8, "cuda") == 0  # torch's default on a GPU
