@@ -24,7 +24,7 @@ from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
 from maskgrpo_ray.actors.control import start_control_actor
-from maskgrpo_ray.actors.filter import RemoteFilterActor
+from maskgrpo_ray.actors.filter import RemoteFilterActor, apply_filter_delta
 from maskgrpo_ray.actors.pool import ActorPool, Member
 from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.actors.rollout import RemoteRolloutActor
@@ -143,6 +143,7 @@ class RayExecutor:
         self.rewards.wait_ready(self.rewards.members)
         ray.get(self.filter_actor.ready.remote(), timeout=timeout_s)
         self._filter_snapshot: dict[str, Any] = self.filter_state()
+        self._filter_stats: dict[str, float] | None = None  # after the last decision
         self.restarts = {"rollout": 0, "reward": 0}
         self.last_recovery_s = 0.0
         # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
@@ -351,10 +352,12 @@ class RayExecutor:
         args = (scored.rewards, scored.rollout.group_size)
         for _ in range(FILTER_ATTEMPTS):
             try:
-                ref = self.filter_actor.filter_and_state.remote(*args)
-                res, self._filter_snapshot = ray.get(ref, timeout=self.timeout_s)
+                ref = self.filter_actor.filter_and_delta.remote(*args)
+                out = ray.get(ref, timeout=self.timeout_s)
+                res, added, self._filter_stats = out
+                self._filter_snapshot = apply_filter_delta(self._filter_snapshot, res, added)
                 self.traffic.sent += wire_bytes(args)
-                self.traffic.received += wire_bytes(res)
+                self.traffic.received += wire_bytes(out)
                 return res
             except RayActorError:
                 self._restart_filter()
@@ -375,6 +378,9 @@ class RayExecutor:
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "filter"})
 
     def filter_stats(self) -> dict[str, float]:
+        """The filter's stats after its last decision (they come back with it), else asked."""
+        if self._filter_stats is not None:
+            return dict(self._filter_stats)
         return ray.get(self.filter_actor.stats.remote(), timeout=self.timeout_s)
 
     def filter_state(self) -> dict[str, Any]:
@@ -382,7 +388,7 @@ class RayExecutor:
 
     def load_filter_state(self, state: dict[str, Any]) -> None:
         ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
-        self._filter_snapshot = state
+        self._filter_snapshot, self._filter_stats = state, None
 
     def update(self, batch: TrainBatch | TrainRefs) -> dict[str, float]:
         """One learner update. A ``TrainRefs`` (the driver's loop): each rank is sent its plan

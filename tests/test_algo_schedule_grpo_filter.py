@@ -157,3 +157,26 @@ def test_filter_bounded_history_and_bad_percentile():
     assert list(f.history) == [20.0, 30.0, 40.0]
     with pytest.raises(ValueError, match="percentile_q"):
         StdHistoryFilter(percentile_q=150)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_filter_delta_rebuilds_the_actor_state(enabled):
+    """The driver's copy of the filter actor's state, kept from each call's delta (decisions
+    and the stds added) instead of the whole history, equals the actor's own state after every
+    call, the sliding window's overflow and invalid groups included."""
+    from maskgrpo_ray.actors.filter import FilterActor, apply_filter_delta
+    from maskgrpo_ray.settings import FilterSettings
+
+    actor = FilterActor(FilterSettings(enabled, 10.0, warmup_groups=3, max_history=5))
+    state = actor.state_dict()
+    gen = torch.Generator().manual_seed(0)
+    for call in range(8):
+        rewards = torch.rand(4 * 3, generator=gen)
+        if call % 3 == 1:
+            rewards[4] = float("nan")  # group 1 invalid
+        res, added, stats = actor.filter_and_delta(rewards, 3)
+        state = apply_filter_delta(state, res, added)
+        assert state == actor.state_dict()
+        assert stats == actor.stats()
+    if enabled:
+        assert len(state["filter"]["history"]) == 5 and state["filter"]["seen"] > 5

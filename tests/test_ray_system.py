@@ -196,6 +196,13 @@ def test_check_prompt_and_filter_state(executor):
     assert ex.filter_state() == before
     ex.load_filter_state(state)
     assert ex.filter_state() == state
+    # the driver's copy (what a restarted filter actor gets), kept from each decision's delta,
+    # is the actor's state; the stats came back with the decision
+    from types import SimpleNamespace
+
+    ex.filter(SimpleNamespace(rewards=rewards, rollout=SimpleNamespace(group_size=2)))
+    assert ex._filter_snapshot == ex.filter_state()  # noqa: SLF001
+    assert ex.filter_stats() == ray.get(ex.filter_actor.stats.remote(), timeout=60)
 
 
 def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
