@@ -126,13 +126,14 @@ def collect_groups(
     prompts: list[str],
     positions: list[int],
     timer: PhaseTimer,
-    first: ScoredBatch | None = None,
 ) -> Collected:
     """Generate, score and filter; re-sample dropped groups up to ``filter.max_resamples`` times.
 
     A re-sampled prompt's earlier groups stay in ``generated`` (each attempt is a group that was
     generated and scored); ``kept`` holds the groups that passed, in the order they passed.
-    ``first``: the first attempt's groups, generated ahead (asynchronous rollouts).
+    With asynchronous rollouts ``ex`` is the executor's view for the step ahead
+    (``RayExecutor.start_ahead``), and this runs in a background thread during the previous
+    step's update.
     """
     kept_parts: list[ScoredBatch] = []
     all_parts: list[ScoredBatch] = []
@@ -144,11 +145,8 @@ def collect_groups(
     }
     todo_prompts, todo_pos = prompts, positions
     for attempt in range(cfg.filter.max_resamples + 1):
-        if attempt == 0 and first is not None:
-            scored = first
-        else:
-            with timer("generate_score"):
-                scored = ex.generate_and_score(todo_prompts, todo_pos)
+        with timer("generate_score"):
+            scored = ex.generate_and_score(todo_prompts, todo_pos)
         all_parts.append(scored)
         with timer("filter"):
             res = ex.filter(scored)
@@ -181,49 +179,62 @@ def _scored_groups(scored: ScoredBatch, keep: torch.Tensor) -> ScoredBatch:
 
 
 class RolloutsAhead:
-    """The next step's rollouts, generated while the learner trains (``rollout.max_policy_lag``
-    1; the Ray backend's ``generate_and_score_async``).
+    """The next step's groups, generated, scored, filtered and re-sampled while the learner
+    trains (``rollout.max_policy_lag`` 1; the Ray backend's ``start_ahead``).
 
-    ``start`` takes the next step's prompts from the stream (remembering the stream's state
-    before, so an abandoned prefetch gives them back) and starts their rollouts; ``wait``
-    blocks until they are scored; ``take`` hands them to the next step; ``discard`` drops them.
+    ``start`` takes the next step's prompts from the stream (remembering the stream's and the
+    filter's state before, so an abandoned prefetch gives them back) and runs
+    :func:`collect_groups` for them in the background, against the weights the rollout actors
+    hold (the version before the update) and with chunk seeds fixed by the step; ``wait``
+    blocks until they are collected; ``take`` hands them to the next step; ``discard`` drops
+    them.
     """
 
-    def __init__(self, ex: Any, stream: Any, prompts_per_step: int) -> None:
-        self.ex, self.stream, self.n = ex, stream, prompts_per_step
+    def __init__(self, ex: Any, cfg: Config, stream: Any) -> None:
+        self.ex, self.cfg, self.stream = ex, cfg, stream
         self.future: Any = None
         self.taken: tuple[list[str], list[int]] | None = None
         self.stream_before: Any = None
+        self.filter_before: Any = None
 
     @property
     def pending(self) -> bool:
         return self.future is not None
 
-    def start(self) -> None:
+    def start(self, step: int) -> None:
         self.stream_before = self.stream.state_dict()
-        self.taken = self.stream.take(self.n)
-        self.future = self.ex.generate_and_score_async(*self.taken)
+        self.filter_before = self.ex.filter_snapshot()
+        self.taken = prompts, positions = self.stream.take(self.cfg.train.prompts_per_step)
+        cfg = self.cfg
+
+        def work(view: Any) -> tuple[Collected, dict[str, float]]:
+            timer = PhaseTimer()
+            return collect_groups(view, cfg, prompts, positions, timer), timer.seconds
+
+        self.future = self.ex.start_ahead(step, work)
 
     def wait(self) -> None:
         if self.future is not None:
             self.future.result()
 
-    def take(self) -> tuple[list[str], list[int], ScoredBatch]:
+    def take(self) -> tuple[list[str], list[int], Collected, dict[str, float]]:
         assert self.future is not None and self.taken is not None
-        scored = self.future.result()
+        collected, seconds = self.future.result()
         prompts, positions = self.taken
         self.future = self.taken = None
-        return prompts, positions, scored
+        return prompts, positions, collected, seconds
 
     def discard(self, rewind: bool) -> None:
         """Drop a pending prefetch (waiting for it); ``rewind``: its prompts go back to the
-        stream, so a checkpoint taken now resumes with them."""
+        stream and the filter forgets its decisions on them, so a checkpoint taken now
+        resumes as if they had never started."""
         if self.future is None:
             return
         with contextlib.suppress(Exception):  # its failure no longer matters
             self.future.result()
         if rewind:
             self.stream.load_state_dict(self.stream_before)
+            self.ex.load_filter_state(self.filter_before)
         self.future = self.taken = None
 
 
@@ -243,18 +254,25 @@ def run_step(
     prompts: list[str],
     positions: list[int],
     *,
-    first: ScoredBatch | None = None,
+    collected: tuple[Collected, dict[str, float]] | None = None,
     ahead: RolloutsAhead | None = None,
 ) -> StepOutcome:
-    """One step's phases. ``first``: these prompts' groups generated ahead; ``ahead``: start
-    the next step's rollouts before the update and wait for them before the weight sync, so
-    the rollout actors generate while the learner trains (``rollout.max_policy_lag`` 1)."""
+    """One step's phases. ``collected``: these prompts' groups collected ahead (and the
+    background's phase seconds); ``ahead``: start the next step's collection before the update
+    and wait for it before the weight sync, so the rollout, reward and filter actors work while
+    the learner trains (``rollout.max_policy_lag`` 1)."""
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    col = collect_groups(ex, cfg, prompts, positions, timer, first)
+    row: dict[str, Any] = {"step": step}
+    if collected is None:
+        col = collect_groups(ex, cfg, prompts, positions, timer)
+    else:
+        col, ahead_seconds = collected
+        row.update({f"time/ahead_{k}": v for k, v in ahead_seconds.items()})
+    filter_stats = ex.filter_stats()  # after this step's decisions, before the next step's
     if ahead is not None:
-        ahead.start()
-    row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version, **col.stats}
+        ahead.start(step + 1)
+    row.update({"policy_version": ex.policy_version, **col.stats})
     row.update(reward_figures(col.generated, col.kept))
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
@@ -292,7 +310,7 @@ def run_step(
     if _grid_due(cfg, step):  # the one time the driver fetches rollout tensors (Ray)
         grid = fetch_rollout(scored.rollout, images=True)
         row["bytes/driver_grid"] = float(tensor_nbytes(grid))
-    row.update(ex.filter_stats())
+    row.update(filter_stats)
     row.update(ex.extra_metrics())
     if "bytes/driver_received" in row and row["bytes/rollouts"] > 0:
         handled = row["bytes/driver_received"] + row["bytes/driver_sent"]
@@ -586,17 +604,18 @@ def _one_step(
     ``ahead`` (asynchronous rollouts) the step uses the rollouts started by the step before,
     and starts the next step's unless :func:`_may_prefetch` says no or a stop is requested."""
     last = cfg.train.steps - 1
-    first = None
+    collected = None
     if ahead is not None and ahead.pending:
-        prompts, positions, first = ahead.take()
+        prompts, positions, col, seconds = ahead.take()
+        collected = (col, seconds)
     else:
         prompts, positions = stream.take(cfg.train.prompts_per_step)
     go_ahead = ahead is not None and _may_prefetch(cfg, step)
     if stop is not None and stop.requested:
         go_ahead = False
     kw: dict[str, Any] = {}  # none in the synchronous loop: its call is what it always was
-    if first is not None:
-        kw["first"] = first
+    if collected is not None:
+        kw["collected"] = collected
     if go_ahead:
         kw["ahead"] = ahead
     out = run_step(ex, cfg, step, prompts, positions, **kw)
@@ -687,7 +706,7 @@ def train(
     step, next_step, abandoned, learner_restarts = start_step, start_step, False, 0
     ahead = None
     if cfg.rollout.max_policy_lag > 0:
-        ahead = RolloutsAhead(ex, stream, cfg.train.prompts_per_step)
+        ahead = RolloutsAhead(ex, cfg, stream)
     try:
         while step < cfg.train.steps:
             if stop.requested:

@@ -61,18 +61,49 @@ def rollout_pool(
 
 
 class _CountedFuture:
-    """An asynchronous rollout's future whose traffic is added to the executor's when its
+    """The future of the rollouts ahead, whose traffic is added to the executor's when its
     result is first taken (so it counts in the step that uses it)."""
 
-    def __init__(self, future: Future[ScoredBatch], traffic: Traffic, ex: RayExecutor) -> None:
+    def __init__(self, future: Future[Any], traffic: Traffic, ex: RayExecutor) -> None:
         self.future, self.traffic, self.ex, self.counted = future, traffic, ex, False
 
-    def result(self) -> ScoredBatch:
+    def result(self) -> Any:
         out = self.future.result()
         if not self.counted:
             self.counted = True
             self.ex.traffic.add(self.traffic)
         return out
+
+
+AHEAD_CALLS = 1 << 30
+"""Chunk-seed call numbers of the rollouts ahead start here (``AHEAD_CALLS + 1000 * step +
+attempt``), apart from a step's own calls (0, 1, ...)."""
+
+
+class _AheadView:
+    """What :func:`driver.collect_groups` sees of the executor for the step ahead: generate,
+    score and filter, with seeds from (version at the start, driver step, attempt) and its own
+    traffic count."""
+
+    def __init__(self, ex: RayExecutor, version: int, step: int) -> None:
+        self.ex, self.policy_version, self.step = ex, version, step
+        self.calls = 0
+        self.traffic = Traffic()
+
+    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+        call = AHEAD_CALLS + 1000 * self.step + self.calls
+        self.calls += 1
+        ex, version = self.ex, self.policy_version
+        chunks = make_chunks(
+            prompts,
+            positions,
+            ex.chunk_prompts,
+            lambda i: chunk_seed(ex.run_seed, version, call, i),
+        )
+        return ex._run_chunks(chunks, self.traffic)  # noqa: SLF001 - the executor's own view
+
+    def filter(self, scored: ScoredBatch) -> FilterResult:
+        return self.ex._filter(scored, self.traffic)  # noqa: SLF001
 
 
 class RayExecutor:
@@ -320,16 +351,16 @@ class RayExecutor:
         driver fetched a small meta and the rewards of each chunk)."""
         return self._run_chunks(self._chunks(prompts, positions), self.traffic)
 
-    def generate_and_score_async(self, prompts: list[str], positions: list[int]) -> _CountedFuture:
-        """:meth:`generate_and_score` in a background thread (``rollout.max_policy_lag`` 1),
-        with the chunk seeds fixed now, on the calling thread, so they do not depend on when
-        the learner's update lands. Only the learner may be called until it is done. Its
-        traffic counts in the step that takes the result."""
-        chunks = self._chunks(prompts, positions)
+    def start_ahead(self, step: int, work: Callable[[Any], Any]) -> _CountedFuture:
+        """Run ``work(view)`` in a background thread (``rollout.max_policy_lag`` 1): ``view``
+        generates, scores and filters like this executor, with the chunk seeds of driver step
+        ``step`` (fixed here, on the calling thread, at this policy version, so they do not
+        depend on when the learner's update lands) and its own traffic count, which joins this
+        executor's when the result is taken. Only the learner may be called until it is done."""
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="maskgrpo-rollouts-ahead")
-        traffic = Traffic()
-        return _CountedFuture(self._ahead.submit(self._run_chunks, chunks, traffic), traffic, self)
+        view = _AheadView(self, self.policy_version, step)
+        return _CountedFuture(self._ahead.submit(work, view), view.traffic, self)
 
     def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
         call, version = self._calls_this_version, self.policy_version
@@ -349,6 +380,9 @@ class RayExecutor:
         """The filter actor's decision; a filter actor that dies is restarted from the state
         after its last decision and asked again, so the decisions are those of a run without
         the crash."""
+        return self._filter(scored, self.traffic)
+
+    def _filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
         args = (scored.rewards, scored.rollout.group_size)
         for _ in range(FILTER_ATTEMPTS):
             try:
@@ -356,8 +390,8 @@ class RayExecutor:
                 out = ray.get(ref, timeout=self.timeout_s)
                 res, added, self._filter_stats = out
                 self._filter_snapshot = apply_filter_delta(self._filter_snapshot, res, added)
-                self.traffic.sent += wire_bytes(args)
-                self.traffic.received += wire_bytes(out)
+                traffic.sent += wire_bytes(args)
+                traffic.received += wire_bytes(out)
                 return res
             except RayActorError:
                 self._restart_filter()
@@ -382,6 +416,10 @@ class RayExecutor:
         if self._filter_stats is not None:
             return dict(self._filter_stats)
         return ray.get(self.filter_actor.stats.remote(), timeout=self.timeout_s)
+
+    def filter_snapshot(self) -> dict[str, Any]:
+        """The filter actor's state after its last decision, as this process keeps it."""
+        return self._filter_snapshot
 
     def filter_state(self) -> dict[str, Any]:
         return ray.get(self.filter_actor.state_dict.remote(), timeout=self.timeout_s)

@@ -112,11 +112,21 @@ def test_async_rollouts_lag_one_step_and_train_every_group_once(clean, clean_asy
             assert r["abs_log_ratio_max"] > 1e-4, r  # one update apart
         else:
             assert r["abs_log_ratio_max"] <= sync_first[r["step"]] + 1e-6
-    # the same prompts per step as the synchronous run, each trained once (no group lost)
-    row = drill.compare(clean, clean_async)
-    assert row["groups_lost"] == 0 and row["groups_duplicated"] == 0
+    # the same prompts per step as the synchronous run, each trained once or counted as given
+    # up by the filter (its samples differ from the synchronous run's, so a prompt the filter
+    # drops max_resamples + 1 times there may pass here, or the other way round)
     for a, b in zip(clean["rows"], rows, strict=True):
-        assert sorted(a["prompts_trained"]) == sorted(b["prompts_trained"])
+        handed = {
+            x: len(r["prompts_trained"]) + r["groups_exhausted"] + r["groups_invalid"]
+            for x, r in (("sync", a), ("async", b))
+        }
+        assert handed["sync"] == handed["async"], (a["step"], handed)
+        assert len(set(b["prompts_trained"])) == len(b["prompts_trained"])  # once each
+        union = set(a["prompts_trained"]) | set(b["prompts_trained"])
+        assert len(union) <= handed["sync"]  # drawn from the same prompts of the stream
+    row = drill.compare(clean, clean_async)  # per prompt over the run: differences are the
+    assert row["groups_lost"] <= sum(r["groups_exhausted"] for r in rows)  # filter's only
+    assert row["groups_duplicated"] <= sum(r["groups_exhausted"] for r in clean["rows"])
     busy = [r["learner_busy_fraction"] for r in rows]
     assert all(0 < b <= 1 for b in busy), busy
 
