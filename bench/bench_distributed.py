@@ -4,7 +4,7 @@ same machine, same run; and the weight-sync time against the model's size in byt
     .venv/bin/python bench/bench_distributed.py [--config configs/toy.yaml] [--steps 10]
         [--set key=value ...] [--no-sync-sizes] [--out bench/results_distributed.json]
 
-Three runs of ``driver.train``: the local backend, Ray with the synchronous loop
+Three runs of ``driver.train``, each in a fresh process: the local backend, Ray with the synchronous loop
 (``rollout.max_policy_lag=0``) and Ray with asynchronous rollouts (``max_policy_lag=1``: the
 next step's rollouts are generated while the learner trains). Besides samples/s it reports the
 fraction of step wall time the learner is busy (``learner_busy_fraction``, median over steps).
@@ -71,6 +71,18 @@ def run_backend(
             if k.startswith("time/")
         },
     }
+
+
+def run_fresh(backend: str, steps: int, extra: list[str], config: str) -> dict:
+    """:func:`run_backend` in a fresh Python process (one process's runs slow each other
+    down: after a few Ray clusters started and stopped in one process the figures drift)."""
+    import subprocess
+
+    spec = json.dumps({"backend": backend, "steps": steps, "extra": extra, "config": config})
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", spec], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _bytes_medians(rows: list[dict]) -> dict:
@@ -152,15 +164,22 @@ def main() -> None:
     )
     ap.add_argument("--sync-sizes-mb", default="0.27,4,16,64")
     ap.add_argument("--out", default=str(REPO / "bench" / "results_distributed.json"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one run, JSON on stdout
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.one:
+        spec = json.loads(args.one)
+        print(
+            json.dumps(run_backend(spec["backend"], spec["steps"], spec["extra"], spec["config"]))
+        )
+        return
     reps = []
-    for _ in range(args.repeats):  # each Ray run starts and stops its own cluster
-        local = run_backend("local", args.steps, args.extra, args.config)
-        ray_run = run_backend(
+    for _ in range(args.repeats):  # each run in a fresh process, with its own cluster
+        local = run_fresh("local", args.steps, args.extra, args.config)
+        ray_run = run_fresh(
             "ray", args.steps, [*args.extra, "rollout.max_policy_lag=0"], args.config
         )
-        ray_async = run_backend(
+        ray_async = run_fresh(
             "ray",
             args.steps,
             [*args.extra, "rollout.max_policy_lag=1", *args.async_extra],
