@@ -34,12 +34,17 @@ GAUGES = {
     "maskgrpo_weight_bytes": "bytes moved per weight sync (per rollout actor)",
     "maskgrpo_reward_actors": "live reward actors",
     "maskgrpo_learner_busy_fraction": "share of the last step's wall time the learner updated",
+    "maskgrpo_step_bytes": "bytes one data-plane hop moved in the last step, by hop (rollouts, driver_received, driver_sent, learner_fetch)",
+    "maskgrpo_driver_bytes_fraction": "the driver's data-plane bytes over the rollout bytes, last step",
     "maskgrpo_actor_recovery_seconds": "seconds the last actor replacement took (start + weights)",
     "maskgrpo_eval_reward": "mean training reward of the last held-out evaluation (fixed seeds)",
     "maskgrpo_eval_accuracy": "share of the last held-out evaluation's images the (rule) reward counts correct",
     "maskgrpo_eval_metric": "a `maskgrpo eval` figure: mean per metric, model and GenEval tag ('all': every prompt)",
 }
-GAUGE_TAGS = {"maskgrpo_eval_metric": ("metric", "model", "tag")}
+GAUGE_TAGS = {
+    "maskgrpo_eval_metric": ("metric", "model", "tag"),
+    "maskgrpo_step_bytes": ("hop",),
+}
 COUNTERS = {
     "maskgrpo_steps_total": "training steps finished",
     "maskgrpo_images_total": "images generated",
@@ -125,6 +130,11 @@ class RayMetrics:
         self.gauge("maskgrpo_reward_mean_kept", row.get("reward_mean_kept", float("nan")))
         self.gauge("maskgrpo_eval_reward", row.get("eval_reward", float("nan")))
         self.gauge("maskgrpo_eval_accuracy", row.get("eval_accuracy", float("nan")))
+        for hop in ("rollouts", "driver_received", "driver_sent", "learner_fetch"):
+            if f"bytes/{hop}" in row:
+                self.gauge("maskgrpo_step_bytes", row[f"bytes/{hop}"], {"hop": hop})
+        if "driver_bytes_fraction" in row:
+            self.gauge("maskgrpo_driver_bytes_fraction", row["driver_bytes_fraction"])
         for k, v in row.items():
             if k.startswith("time/"):
                 self.observe("maskgrpo_phase_seconds", v, {"phase": k[5:]})
