@@ -16,7 +16,7 @@ The driver fetches rollout tensors only to draw a sample grid (:func:`fetch_roll
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,12 +45,12 @@ class RolloutMeta:
 
     @staticmethod
     def of(batch: RolloutBatch) -> RolloutMeta:
-        images = batch.images.numel() * batch.images.element_size()
+        tensors, images = rollout_nbytes(batch)
         tau = batch.likelihood_tau
         return RolloutMeta(
             batch.num_samples,
             batch.policy_version,
-            tensor_nbytes(batch) - images,
+            tensors,
             images,
             tau.numel() * tau.element_size(),
         )
@@ -228,24 +228,23 @@ class TrainRefs:
             (pi, grp) for pi, p in enumerate(self.rollout.pieces) for grp in p.groups
         ]
         mine = [i for i in range(len(order)) if i % world == rank]
+        pieces = self.rollout.pieces
         refs: list[Any] = []
         groups: list[tuple[int, ...]] = []
-        last = -1
+        chunk_bytes, last = 0, -1
         for i in mine:
             pi, grp = order[i]
             if pi != last:
-                refs.append(self.rollout.pieces[pi].ref)
+                refs.append(pieces[pi].ref)
                 groups.append(())
+                chunk_bytes += pieces[pi].meta.tensor_bytes
                 last = pi
             groups[-1] = (*groups[-1], grp)
         if not refs:
-            refs, groups = [self.rollout.pieces[0].ref], [()]
+            refs, groups = [pieces[0].ref], [()]
+            chunk_bytes = pieces[0].meta.tensor_bytes
         rows = torch.tensor(mine, dtype=torch.long)
         adv = self.advantages.view(-1, g)[rows].reshape(-1).clone()
-        chunk_bytes = 0
-        for r in refs:
-            piece = next(p for p in self.rollout.pieces if p.ref is r)
-            chunk_bytes += piece.meta.tensor_bytes
         plan = ShardPlan(
             tuple(groups), adv, self.rollout.policy_version, len(mine) * g, chunk_bytes
         )
@@ -261,7 +260,7 @@ class ShardPlan:
     advantages: torch.Tensor  # [n] float32, this rank's rows
     policy_version: int  # the oldest version in the whole update (as the assembled batch had)
     num_samples: int  # n
-    fetch_bytes: int = field(default=0)  # the chunks this rank fetches (tensor bytes)
+    fetch_bytes: int = 0  # the chunks this rank fetches (tensor bytes)
 
 
 def build_shard(plan: ShardPlan, batches: list[RolloutBatch]) -> TrainBatch:

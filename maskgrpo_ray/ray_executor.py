@@ -93,14 +93,9 @@ class _AheadView:
     def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
         call = AHEAD_CALLS + 1000 * self.step + self.calls
         self.calls += 1
-        ex, version = self.ex, self.policy_version
-        chunks = make_chunks(
-            prompts,
-            positions,
-            ex.chunk_prompts,
-            lambda i: chunk_seed(ex.run_seed, version, call, i),
-        )
-        return ex._run_chunks(chunks, self.traffic)  # noqa: SLF001 - the executor's own view
+        ex = self.ex  # the executor's own view: its private helpers are meant for it
+        chunks = ex._seeded_chunks(prompts, positions, self.policy_version, call)  # noqa: SLF001
+        return ex._run_chunks(chunks, self.traffic)  # noqa: SLF001
 
     def filter(self, scored: ScoredBatch) -> FilterResult:
         return self.ex._filter(scored, self.traffic)  # noqa: SLF001
@@ -363,8 +358,14 @@ class RayExecutor:
         return _CountedFuture(self._ahead.submit(work, view), view.traffic, self)
 
     def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
-        call, version = self._calls_this_version, self.policy_version
+        call = self._calls_this_version
         self._calls_this_version += 1
+        return self._seeded_chunks(prompts, positions, self.policy_version, call)
+
+    def _seeded_chunks(
+        self, prompts: list[str], positions: list[int], version: int, call: int
+    ) -> list[Chunk]:
+        """The prompts cut into chunks seeded by (run seed, ``version``, ``call``, index)."""
         return make_chunks(
             prompts,
             positions,
