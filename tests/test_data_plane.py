@@ -140,7 +140,6 @@ def test_rank_shards_equal_the_assembled_batch_shards(chunks, world, keep):
     after = make_train_batch(scored, keep_t, 1e-4)
     assert isinstance(before, TrainBatch) and isinstance(after, TrainRefs)
     assert after.num_samples == before.num_samples
-    fetched = 0
     for rank in range(world):
         plan, refs = after.shard(rank, world)
         shard = build_shard(plan, store.get(refs))
@@ -151,10 +150,13 @@ def test_rank_shards_equal_the_assembled_batch_shards(chunks, world, keep):
                 kept_versions.append(c.policy_version)
             at += len(c.prompts)
         assert shard.policy_version == min(kept_versions)
-        fetched += plan.fetch_bytes
-    # a rank fetches whole chunks: at least its groups' bytes, at most every chunk per rank
-    total = sum(RolloutMeta.of(c).tensor_bytes for c in chunks)
-    assert fetched <= world * total
+        # a rank fetches each chunk holding one of its groups once, whole (when it has no
+        # group, the first chunk holding a kept group)
+        chunk_of = [ci for ci, c in enumerate(chunks) for _ in c.prompts]
+        kept = [chunk_of[i] for i in range(len(keep)) if keep[i]]
+        mine = sorted({kept[j] for j in range(len(kept)) if j % world == rank}) or [kept[0]]
+        assert len(refs) == len(mine)
+        assert plan.fetch_bytes == sum(RolloutMeta.of(chunks[c]).tensor_bytes for c in mine)
 
 
 def test_fetch_rollout_puts_the_chosen_groups_back_together(chunks, monkeypatch):
