@@ -276,17 +276,28 @@ def test_bf16_autocast_update_is_close_to_float32():
     rollout runs its forward in bfloat16 and matches float32 to bf16's precision (8 mantissa
     bits, about 3 significant digits per logit: the log-probability of a step sums hundreds of
     token terms, so the ratio to the float32 behaviour log-probs is 1 within 0.1, not exactly;
-    the loss, 0 in float32 (ratio 1, advantages summing to 0), within 0.1; the whole gradient within
-    cosine 0.99 of the float32 one, every tensor within 0.95), while not being bit-equal (the autocast
-    took effect). Weights stay float32."""
+    the loss, 0 in float32 (ratio 1, advantages summing to 0), within 0.1), while not being
+    bit-equal (the autocast took effect). Weights and gradients stay float32.
+
+    What "bf16's precision" means for the gradient is measured here, not assumed: the same
+    accumulation in float32 at the weights rounded to bfloat16 moves the gradient by a cosine
+    distance of about 0.02 (the advantages sum to 0, so per-sample gradients cancel and small
+    relative errors grow). The autocast gradient must be no further from float32 than twice
+    that, for the whole gradient and for its worst tensor. A fixed threshold does not travel:
+    the autocast's own distance is 0.008 on a CPU with native bf16 (AVX512-BF16) and 0.024 on
+    an AVX2-only one (the same machine's rounded-weights distance: 0.023)."""
     import copy
 
     from maskgrpo_ray.phases import accumulate_gradients
 
     base, batch = _train_batch()
+    rounded = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
     out = []
-    for mode in ("off", "bf16"):
-        policy = copy.deepcopy(base).train()
+    for start, mode in ((base, "off"), (base, "bf16"), (rounded, "off")):
+        policy = copy.deepcopy(start).train()
         m = accumulate_gradients(
             policy,
             batch,
@@ -306,11 +317,19 @@ def test_bf16_autocast_update_is_close_to_float32():
     def cos(a: torch.Tensor, b: torch.Tensor) -> float:
         return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
 
-    every = cos(
-        torch.cat([g.flatten() for g in out[0][1]]), torch.cat([g.flatten() for g in out[1][1]])
+    def distances(grads: list[torch.Tensor]) -> tuple[float, float]:
+        """(whole gradient, worst tensor) cosine distance to the float32 gradient."""
+        ref = out[0][1]
+        every = cos(torch.cat([g.flatten() for g in ref]), torch.cat([g.flatten() for g in grads]))
+        worst = min(cos(a, b) for a, b in zip(ref, grads, strict=True) if a.norm() > 1e-8)
+        return 1.0 - every, 1.0 - worst
+
+    auto, floor = distances(out[1][1]), distances(out[2][1])
+    print(
+        f"bf16 autocast vs float32 gradient cosine distance: all {auto[0]:.4f}, worst tensor "
+        f"{auto[1]:.4f}; float32 at bf16-rounded weights: all {floor[0]:.4f}, worst {floor[1]:.4f}"
     )
-    worst = min(cos(a, b) for a, b in zip(out[0][1], out[1][1], strict=True) if a.norm() > 1e-8)
-    print(f"bf16 autocast vs float32 gradient cosine: all {every:.4f}, worst tensor {worst:.4f}")
-    assert every > 0.99 and worst > 0.95
+    assert 0.0 < floor[0] < 0.05  # the reference itself: bf16 rounding matters, but not much
+    assert auto[0] <= 2 * floor[0] and auto[1] <= 2 * floor[1]
     assert all(g.dtype == torch.float32 for g in out[1][1])
     assert any(not torch.equal(a, b) for a, b in zip(out[0][1], out[1][1], strict=True))
