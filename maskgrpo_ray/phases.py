@@ -59,7 +59,9 @@ def generate(
     """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
     n = cond.shape[0]
-    device = cond.device
+    # the rollout state lives with the weights: a policy may tokenize on the CPU (Show-o
+    # does; ``conditioned`` moves the prefix), so ``cond.device`` says nothing about it
+    device = next(policy.parameters()).device
     init = torch.full(
         (n, policy.num_image_tokens), policy.mask_index, dtype=torch.long, device=device
     )

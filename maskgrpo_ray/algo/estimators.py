@@ -178,7 +178,7 @@ def focus_step_counts(
     jump = (agree - prev).abs()
     s = agree.shape[1]
     # stable top-K: break ties towards earlier steps with a tiny decreasing offset
-    key = jump.double() - torch.arange(s, dtype=torch.float64) * 1e-9
+    key = jump.double() - torch.arange(s, dtype=torch.float64, device=jump.device) * 1e-9
     steps = key.topk(k, dim=1).indices.sort(dim=1).values  # [N, K]
     return masked_before.gather(1, steps)
 
