@@ -93,7 +93,9 @@ class RolloutActor:
         timeout_s: float,
     ) -> int:
         """Join a collective weight-sync group (``learner/collective.py``) as ``rank``; blocks
-        until every member has joined. Replaces any earlier group."""
+        until every member has joined. Replaces (closes) any earlier group."""
+        if self._sync is not None:
+            self._sync.close()
         self._sync = Channel(host, port, rank, world, self.device, metas, bucket_bytes, timeout_s)
         return rank
 

@@ -146,6 +146,7 @@ class Channel:
             flat = pack([state[self.metas[i].name] for i in idx]).to(self.device)
             self._broadcast(flat)
             sent += flat.numel() * flat.element_size()
+        self._finish()
         return sent
 
     def receive(self, into: Mapping[str, torch.Tensor]) -> int:
@@ -161,7 +162,19 @@ class Channel:
                 for m, view in zip(metas, unpack(flat, metas), strict=True):
                     into[m.name].copy_(view)
             got += flat.numel() * flat.element_size()
+        self._finish()
         return got
 
+    def _finish(self) -> None:
+        """On CUDA, wait until the broadcasts and copies have run: NCCL's ``wait()`` only
+        orders the current stream after them, so without this a send or receive would return
+        (and be timed, and acknowledged) before the bytes moved. Gloo's ``wait()`` blocks."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def close(self) -> None:
+        """Leave the group: abort its communicators (an NCCL group holds GPU buffers until
+        then) and forget it. The channel is unusable afterwards."""
+        if self.pg is not None:
+            self.pg.abort()
         self.pg = None

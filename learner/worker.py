@@ -316,7 +316,10 @@ class LearnerWorker:
     def sync_connect(
         self, world: int, metas: list[TensorMeta], bucket_bytes: int, timeout_s: float
     ) -> None:
-        """Rank 0 joins the group :meth:`sync_open` started (blocks until every member has)."""
+        """Rank 0 joins the group :meth:`sync_open` started (blocks until every member has);
+        an earlier group is closed first."""
+        if self._sync is not None:
+            self._sync.close()
         self._sync = Channel(
             "", 0, 0, world, self.device, metas, bucket_bytes, timeout_s, store=self._sync_store
         )

@@ -17,9 +17,11 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(num_gpus: float) -> torch.device:
-    """CUDA when the actor was given a GPU share and CUDA exists, else CPU (never hard-coded)."""
+    """CUDA when the actor was given a GPU share and CUDA exists, else CPU (never hard-coded).
+    The CUDA device carries its index (the first of the GPUs Ray made visible to the actor):
+    ``torch.cuda.set_device`` and NCCL refuse an index-less ``cuda``."""
     if num_gpus > 0 and torch.cuda.is_available():
-        return torch.device("cuda")
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
