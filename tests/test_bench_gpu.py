@@ -94,12 +94,33 @@ def test_smoke_run_with_ray_weight_sync(tmp_path):
     assert len(sync["pushes"]) == 2 and sync["gb_per_s"] > 0
 
 
-@pytest.mark.gpu
-def test_smoke_run_on_cuda(tmp_path):
+def _load_bench():
+    """The script as a module, in this process. It goes into ``sys.modules`` before it runs:
+    its dataclasses (with postponed annotations) look their module up there, and so does its
+    ``register_pickle_by_value``."""
     spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    sys.modules[spec.name] = bench
+    try:
+        spec.loader.exec_module(bench)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
+    return bench
+
+
+def test_script_loads_in_process():
+    """What the ``gpu`` test below does first, checked without CUDA: the script loads as a
+    module and parses the smoke run's arguments (it once failed on its dataclasses here)."""
+    bench = _load_bench()
+    args = bench.parse_args(["--smoke", "--device", "cuda", "--no-ray", "--out", "x.json"])
+    assert args.smoke and args.no_ray and args.device == "cuda"
+
+
+@pytest.mark.gpu
+def test_smoke_run_on_cuda(tmp_path):
+    bench = _load_bench()
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls: the 1e-3 bound above
     try:
