@@ -81,6 +81,15 @@ _FINE_WIDTH = 0.3  # quadrature spacing need not be finer (score/tau units; erro
 _TAIL_BIN_WIDTH = 0.5  # top_k: widest tail bin in the window (score/tau units)
 _TAIL_BINS_MAX = 256
 _BLOCK_ELEMENTS = 1 << 20  # elements of one [positions, nodes, atoms] temporary (4 MB float32)
+# On a GPU a 4 MB block is one remasked position of Show-o (Q = 128 nodes x V = 8192 atoms), so
+# the loops below would launch ~10 kernels per position (~24k positions per 512 px sample):
+# launch-bound. 32x larger blocks (128 MB float32 temporaries) give the same values (blocks are
+# rows computed independently; tests/test_algo_gumbel_marginal.py checks block-size invariance).
+_BLOCK_ELEMENTS_CUDA = 1 << 25
+
+
+def _block_elements(device: torch.device) -> int:
+    return _BLOCK_ELEMENTS_CUDA if device.type == "cuda" else _BLOCK_ELEMENTS
 
 
 def remask_taus(gumbel_temperature: float, num_steps: int) -> list[float]:
@@ -136,7 +145,7 @@ class _LogMixtureCdf(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logmass: torch.Tensor, loc: torch.Tensor, nodes: torch.Tensor) -> Any:
         out = logmass.new_empty(nodes.shape)  # [P, Q]
-        for s in _blocks(logmass.shape[0], nodes.shape[1] * logmass.shape[1]):
+        for s in _blocks(logmass.shape[0], nodes.shape[1] * logmass.shape[1], logmass.device):
             z = (loc[s, None, :] - nodes[s, :, None]).clamp_(max=_EXP_CAP)  # [c, Q, K]
             t = z.exp_().neg_().add_(logmass[s, None, :])  # log p_k - exp(loc_k - m)
             out[s] = torch.logsumexp(t, dim=-1)
@@ -148,7 +157,7 @@ class _LogMixtureCdf(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
         logmass, loc, nodes, out = ctx.saved_tensors
         grad_mass, grad_loc = torch.zeros_like(logmass), torch.zeros_like(loc)
-        for s in _blocks(logmass.shape[0], nodes.shape[1] * logmass.shape[1]):
+        for s in _blocks(logmass.shape[0], nodes.shape[1] * logmass.shape[1], logmass.device):
             z = loc[s, None, :] - nodes[s, :, None]  # [c, Q, K]
             live = z < _EXP_CAP
             e = z.clamp_(max=_EXP_CAP).exp_()
@@ -159,8 +168,8 @@ class _LogMixtureCdf(torch.autograd.Function):
         return grad_mass, grad_loc, None
 
 
-def _blocks(rows: int, per_row: int) -> list[slice]:
-    size = max(1, _BLOCK_ELEMENTS // max(per_row, 1))
+def _blocks(rows: int, per_row: int, device: torch.device) -> list[slice]:
+    size = max(1, _block_elements(device) // max(per_row, 1))
     return [slice(i, min(i + size, rows)) for i in range(0, rows, size)]
 
 
@@ -288,7 +297,7 @@ def _truncated_atoms(
     slot = ((loc.detach() - lo[:, None]) / width).floor().clamp(-1, bins).long() + 1
     slot = slot.scatter(1, top_idx, bins + 2)  # kept tokens: dropped like those above
     masses, locs = [logp_r.gather(-1, top_idx)], [loc.gather(-1, top_idx)]
-    step = max(1, _BLOCK_ELEMENTS // logp_r.shape[1])
+    step = max(1, _block_elements(logp_r.device) // logp_r.shape[1])
     grad = torch.is_grad_enabled() and (logp_r.requires_grad or loc.requires_grad)
     for s in range(0, logp_r.shape[0], step):  # float64 [block, V] temporaries, recomputed
         blk = (logp_r[s : s + step], loc[s : s + step], slot[s : s + step], bins + 1)
