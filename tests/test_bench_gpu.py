@@ -7,7 +7,6 @@ runs the same smoke configuration on CUDA in-process (CI has no CUDA: it is skip
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -95,19 +94,13 @@ def test_smoke_run_with_ray_weight_sync(tmp_path):
 
 
 def _load_bench():
-    """The script as a module, in this process. It goes into ``sys.modules`` before it runs:
-    its dataclasses (with postponed annotations) look their module up there, and so does its
-    ``register_pickle_by_value``."""
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    try:
-        spec.loader.exec_module(bench)
-    except BaseException:
-        del sys.modules[spec.name]
-        raise
-    return bench
+    """The script as a module, in this process, loaded as model plugin files are: it goes
+    into ``sys.modules`` before it runs (its dataclasses, with postponed annotations, look their
+    module up there, and so does its ``register_pickle_by_value``)."""
+    from maskgrpo_ray.models.registry import _import_file
+
+    _import_file(SCRIPT)
+    return sys.modules[SCRIPT.stem]
 
 
 def test_script_loads_in_process():
