@@ -1,7 +1,8 @@
 """FilterActor: owns the std-history filter (paper Section 3.3); its state is saveable.
 
 Decisions must be taken in the order groups arrive, against one history, so there is exactly
-one filter actor per run.
+one filter actor per run. The driver keeps a copy of this class (``RayExecutor.filter_copy``)
+that decides the same groups, to restart a dead filter actor with its history.
 """
 
 from __future__ import annotations
@@ -36,20 +37,6 @@ class FilterActor:
         self.groups_kept += int(res.keep.sum())
         return res
 
-    def filter_and_delta(
-        self, rewards: torch.Tensor, group_size: int
-    ) -> tuple[FilterResult, list[float], dict[str, float]]:
-        """:meth:`filter`, the stds it added to the history and the stats after it. The driver
-        applies the delta to its copy of the state (:func:`apply_filter_delta`), so a filter
-        actor that dies is restarted with the history its next decision needs, without the
-        whole history crossing to the driver on every call."""
-        seen = self.filt.seen if self.filt is not None else 0
-        res = self.filter(rewards, group_size)
-        added: list[float] = []
-        if self.filt is not None and self.filt.seen > seen:
-            added = list(self.filt.history)[-(self.filt.seen - seen) :]
-        return res, added, self.stats()
-
     def pid(self) -> int:
         return os.getpid()
 
@@ -74,23 +61,3 @@ class FilterActor:
 
 
 RemoteFilterActor = ray.remote(FilterActor)
-
-
-def apply_filter_delta(
-    state: dict[str, Any], res: FilterResult, added: list[float]
-) -> dict[str, Any]:
-    """The filter actor's state after a :meth:`FilterActor.filter_and_delta` call, from the
-    state before it, the call's decisions and the stds it added (equal to the actor's own
-    ``state_dict``)."""
-    out = dict(state)
-    out["batches"] = int(state["batches"]) + 1
-    out["groups_kept"] = int(state["groups_kept"]) + int(res.keep.sum())
-    f = state["filter"]
-    if f is not None:
-        valid = ~res.invalid
-        f = dict(f)
-        f["history"] = (list(f["history"]) + list(added))[-int(f["max_history"]) :]
-        f["seen"] = int(f["seen"]) + int(valid.sum())
-        f["dropped"] = int(f["dropped"]) + int((valid & ~res.keep).sum())
-        out["filter"] = f
-    return out

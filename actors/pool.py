@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from maskgrpo_ray.settings import ActorResources
+from maskgrpo_ray.settings import ActorResources, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +129,21 @@ class ActorPool:
     def shutdown(self) -> None:
         for m in list(self.members):
             self.drop(m, kill=True)
+
+
+def rollout_pool(
+    s: RunSettings, timeout_s: float, on_size: Callable[[int], None] | None = None
+) -> ActorPool:
+    """A pool of rollout actors of the settings' model (spawned by the caller): the training
+    run's and ``maskgrpo eval``'s."""
+    from maskgrpo_ray.actors.rollout import RemoteRolloutActor
+
+    return ActorPool(
+        "rollout",
+        lambda i, opts: RemoteRolloutActor.options(**opts).remote(
+            s.model, s.rollout, s.eval, s.reward, s.rollout_resources.num_gpus, i
+        ),
+        s.rollout_resources,
+        timeout_s,
+        on_size=on_size,
+    )

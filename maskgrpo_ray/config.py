@@ -147,9 +147,10 @@ class RolloutConfig(_Strict):
         ge=0,
         le=1,
         description=(
-            "asynchronous rollouts (Ray backend): 1 generates step k+1's rollouts while the "
-            "learner trains on step k (one policy version behind; the cached old log-probs are "
-            "the behaviour policy's, so the ratio is against them), except across a checkpoint; "
+            "asynchronous rollouts: 1 generates step k+1's rollouts with the weights before step "
+            "k's update (one policy version behind; the cached old log-probs are the behaviour "
+            "policy's, so the ratio is against them), except across a checkpoint: on Ray while "
+            "the learner trains, on the local backend at once (the reference of the Ray run); "
             "0: the synchronous loop"
         ),
     )
@@ -579,16 +580,6 @@ class Config(_Strict):
     learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
     eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
     logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
-
-    @model_validator(mode="after")
-    def _async(self) -> Config:
-        if self.rollout.max_policy_lag > 0 and self.run.backend != "ray":
-            raise ValueError(
-                f"rollout.max_policy_lag={self.rollout.max_policy_lag} with run.backend="
-                f"{self.run.backend!r}: asynchronous rollouts need rollout actors apart from the "
-                "learner; use run.backend 'ray' or max_policy_lag 0"
-            )
-        return self
 
     @model_validator(mode="after")
     def _weight_sync(self) -> Config:

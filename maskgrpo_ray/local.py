@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
+from maskgrpo_ray.collect import Chunk, chunk_prompts_of
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.data_plane import Traffic
 from maskgrpo_ray.evaluation.generation import evaluate_rewards
 from maskgrpo_ray.learner_core import (
     TorchOptimizing,
@@ -26,7 +28,13 @@ from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 
 class LocalExecutor:
-    """Generate, score, filter and update in one process."""
+    """Generate, score, filter and update in one process.
+
+    Rollouts are cut into the chunks a Ray run with the same config would send to its rollout
+    actors, each generated with its chunk's seed, so a run here is the reference of the
+    distributed one (lag 0 and lag 1 alike)."""
+
+    runs_ahead = False  # a submission ahead runs at once, before the update
 
     def __init__(
         self, cfg: Config, policy: MaskedImagePolicy, reward: Any, filt: StdHistoryFilter | None
@@ -40,7 +48,10 @@ class LocalExecutor:
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
         self.planner = UpdatePlanner(up)
         self.ref_policy = reference_policy(up, policy)
-        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        ro = cfg.rollout
+        self.chunk_prompts = chunk_prompts_of(
+            ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
+        )
         self.policy_version = 0
         self.prompt_meta: dict[str, Any] | None = None
 
@@ -48,20 +59,29 @@ class LocalExecutor:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
         self.prompt_meta = table
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
-        """The prompts' groups, generated and scored in this process."""
-        rb = generate(
-            self.policy,
-            prompts,
-            positions,
-            policy_version=self.policy_version,
-            generator=self.generator,
-            **self.settings.rollout.kwargs(),
-        )
-        return score(self.reward, rb, self.prompt_meta)
+    def generate_and_score(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+        """The chunks' groups, each chunk generated with its own seed and scored, in order."""
+        parts = []
+        for ch in chunks:
+            rb = generate(
+                self.policy,
+                ch.prompts,
+                ch.positions,
+                policy_version=self.policy_version,
+                generator=torch.Generator().manual_seed(ch.seed),
+                **self.settings.rollout.kwargs(),
+            )
+            parts.append(score(self.reward, rb, self.prompt_meta))
+        return ScoredBatch.concat(parts)
 
-    def filter(self, scored: ScoredBatch) -> FilterResult:
+    def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
         return filter_groups(scored, self.filt)
+
+    def filter_state(self) -> dict[str, Any] | None:
+        return None if self.filt is None else self.filt.state_dict()
+
+    def load_filter_state(self, state: dict[str, Any] | None) -> None:
+        self.filt = None if state is None else StdHistoryFilter.from_state_dict(state)
 
     def restart_learner(self, lost: Exception) -> None:
         """The learner is this process: it cannot be lost on its own."""
@@ -100,16 +120,15 @@ class LocalExecutor:
         return {}
 
     def save(self, folder: Path) -> None:
-        """Weights, optimizer, RNG streams, filter history and policy version into ``folder``."""
+        """Weights, optimizer, RNG streams and policy version into ``folder`` (the group source
+        saves the filter's history)."""
         torch.save(self.policy.state_dict(), folder / "policy.pt")
         torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
         torch.save(
             {
-                "generator": self.generator.get_state(),
                 "step_generator": self.planner.state(),
                 "torch": torch.get_rng_state(),
                 "policy_version": self.policy_version,
-                "filter": self.filt.state_dict() if self.filt is not None else None,
             },
             folder / "executor.pt",
         )
@@ -118,12 +137,9 @@ class LocalExecutor:
         self.policy.load_state_dict(torch.load(folder / "policy.pt", weights_only=True))
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         state = torch.load(folder / "executor.pt", weights_only=True)
-        self.generator.set_state(state["generator"])
         self.planner.load_state(state["step_generator"])
         torch.set_rng_state(state["torch"])
         self.policy_version = int(state["policy_version"])
-        if state["filter"] is not None:
-            self.filt = StdHistoryFilter.from_state_dict(state["filter"])
 
     def shutdown(self) -> None:
         pass

@@ -26,7 +26,12 @@ from maskgrpo_ray.algo.sampling import rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
-from maskgrpo_ray.types import RewardResult, RolloutBatch, ScoredBatch, TrainBatch
+from maskgrpo_ray.types import (
+    RewardResult,
+    RolloutBatch,
+    ScoredBatch,
+    TrainBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,17 +249,6 @@ def _warn_lost(name: str, kind: str, batch: RolloutBatch, lost: torch.Tensor, wh
         [batch.prompt_indices[g] for g in groups],
         why,
     )
-
-
-def merge_reward_failures(*many: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    """Sum ``ScoredBatch.reward_failures`` counts (component -> kind -> samples)."""
-    out: dict[str, dict[str, int]] = {}
-    for failures in many:
-        for name, kinds in failures.items():
-            slot = out.setdefault(name, {})
-            for kind, n in kinds.items():
-                slot[kind] = slot.get(kind, 0) + int(n)
-    return out
 
 
 def reward_failure_metrics(failures: dict[str, dict[str, int]]) -> dict[str, float]:

@@ -17,40 +17,18 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
+from maskgrpo_ray.collect import Chunk
 from maskgrpo_ray.data_plane import REF_BYTES, RolloutMeta, RolloutRefs, Traffic, wire_bytes
 from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.types import RewardResult, ScoredBatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    index: int
-    prompts: list[str]
-    positions: list[int]
-    seed: int
-
-
-def chunk_seed(run_seed: int, version: int, call: int, index: int) -> int:
-    """The rollout seed of a chunk: a function of (run seed, policy version = step, call within
-    the step, chunk index) only, never of the actor that runs it."""
-    return ((((run_seed * 1_000_003) + version) * 10_007 + call) * 1_009 + index) % (2**63 - 1)
-
-
-def make_chunks(prompts: list[str], positions: list[int], size: int, seed_of: Any) -> list[Chunk]:
-    """Cut ``prompts`` into chunks of ``size``; ``seed_of(index)`` gives each chunk's seed."""
-    return [
-        Chunk(i, prompts[s : s + size], positions[s : s + size], seed_of(i))
-        for i, s in enumerate(range(0, len(prompts), size))
-    ]
 
 
 Refs = tuple[Any, Any]

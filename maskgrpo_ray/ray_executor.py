@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,85 +22,31 @@ from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
 from maskgrpo_ray.actors.control import start_control_actor
-from maskgrpo_ray.actors.filter import RemoteFilterActor, apply_filter_delta
-from maskgrpo_ray.actors.pool import ActorPool, Member
+from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
+from maskgrpo_ray.actors.pool import ActorPool, Member, rollout_pool
 from maskgrpo_ray.actors.reward import RemoteRewardActor
-from maskgrpo_ray.actors.rollout import RemoteRolloutActor
+from maskgrpo_ray.collect import Chunk, chunk_prompts_of
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic, TrainRefs, wire_bytes
-from maskgrpo_ray.driver import _merge
 from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.phases import FilterResult
-from maskgrpo_ray.ray_chunks import Chunk, ChunkScheduler, chunk_seed, make_chunks, map_over_pool
+from maskgrpo_ray.ray_chunks import ChunkScheduler, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.ray_metrics import process_metrics
-from maskgrpo_ray.settings import RunSettings, settings_from_config
+from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
 FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails
 
 
-def rollout_pool(
-    s: RunSettings, timeout_s: float, on_size: Callable[[int], None] | None = None
-) -> ActorPool:
-    """A pool of rollout actors of the settings' model (spawned by the caller)."""
-    return ActorPool(
-        "rollout",
-        lambda i, opts: RemoteRolloutActor.options(**opts).remote(
-            s.model, s.rollout, s.eval, s.reward, s.rollout_resources.num_gpus, i
-        ),
-        s.rollout_resources,
-        timeout_s,
-        on_size=on_size,
-    )
-
-
-class _CountedFuture:
-    """The future of the rollouts ahead, whose traffic is added to the executor's when its
-    result is first taken (so it counts in the step that uses it)."""
-
-    def __init__(self, future: Future[Any], traffic: Traffic, ex: RayExecutor) -> None:
-        self.future, self.traffic, self.ex, self.counted = future, traffic, ex, False
-
-    def result(self) -> Any:
-        out = self.future.result()
-        if not self.counted:
-            self.counted = True
-            self.ex.traffic.add(self.traffic)
-        return out
-
-
-AHEAD_CALLS = 1 << 30
-"""Chunk-seed call numbers of the rollouts ahead start here (``AHEAD_CALLS + 1000 * step +
-attempt``), apart from a step's own calls (0, 1, ...)."""
-
-
-class _AheadView:
-    """What :func:`driver.collect_groups` sees of the executor for the step ahead: generate,
-    score and filter, with seeds from (version at the start, driver step, attempt) and its own
-    traffic count."""
-
-    def __init__(self, ex: RayExecutor, version: int, step: int) -> None:
-        self.ex, self.policy_version, self.step = ex, version, step
-        self.calls = 0
-        self.traffic = Traffic()
-
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
-        call = AHEAD_CALLS + 1000 * self.step + self.calls
-        self.calls += 1
-        ex = self.ex  # the executor's own view: its private helpers are meant for it
-        chunks = ex._seeded_chunks(prompts, positions, self.policy_version, call)  # noqa: SLF001
-        return ex._run_chunks(chunks, self.traffic)  # noqa: SLF001
-
-    def filter(self, scored: ScoredBatch) -> FilterResult:
-        return self.ex._filter(scored, self.traffic)  # noqa: SLF001
-
-
 class RayExecutor:
     """Generate, score, filter and update with Ray actors (see the module docstring).
+
+    A step's rollouts can run in the background during the update (``runs_ahead``): the
+    rollout actors keep the weights before the update until the driver syncs after them.
 
     Args:
         cfg: the validated config; turned into per-role settings once, here.
@@ -122,9 +66,10 @@ class RayExecutor:
         include_dashboard: bool | None = None,
         weight_sync: WeightSync | None = None,
     ) -> None:
+        ro = cfg.rollout
         if chunk_prompts is None:
-            chunk_prompts = cfg.rollout.prompts_per_chunk or -(
-                -cfg.train.prompts_per_step // cfg.rollout.num_actors
+            chunk_prompts = chunk_prompts_of(
+                ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
             )
         self.settings = s = settings_from_config(cfg)
         self.run_seed, self.run_name = cfg.run.seed, cfg.run.name
@@ -135,9 +80,8 @@ class RayExecutor:
         self.metrics = process_metrics()
         self._warm_model_cache(cfg)
         self.policy_version = 0
-        self._calls_this_version = 0
+        self.runs_ahead = True
         self.prompt_meta: Any = None  # an object-store ref to prompt text -> metadata
-        self._ahead: ThreadPoolExecutor | None = None  # asynchronous rollouts (max_policy_lag)
         self.last_sync_bytes = 0
         self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
         self.control, self.control_name = start_control_actor(cfg.run.name)
@@ -149,6 +93,9 @@ class RayExecutor:
             self.control_name.split(":", 1)[1],
         )
         self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(s.filter)
+        # the filter's state after its last decision, to restart a dead filter actor: the same
+        # class, deciding the same groups (checked equal to the actor's every call)
+        self.filter_copy = FilterActor(s.filter)
         self.rewards = ActorPool(
             "reward",
             lambda i, opts: RemoteRewardActor.options(**opts).remote(
@@ -168,8 +115,6 @@ class RayExecutor:
         self.rollouts.wait_ready(self.rollouts.members)
         self.rewards.wait_ready(self.rewards.members)
         ray.get(self.filter_actor.ready.remote(), timeout=timeout_s)
-        self._filter_snapshot: dict[str, Any] = self.filter_state()
-        self._filter_stats: dict[str, float] | None = None  # after the last decision
         self.restarts = {"rollout": 0, "reward": 0}
         self.last_recovery_s = 0.0
         # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
@@ -340,62 +285,30 @@ class RayExecutor:
 
     # ------------------------------------------------------------------ phases
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
-        """All prompts' groups, generated and scored; order follows ``prompts``. The rollout
-        stays in the object store: ``scored.rollout`` is a ``data_plane.RolloutRefs`` (the
-        driver fetched a small meta and the rewards of each chunk)."""
-        return self._run_chunks(self._chunks(prompts, positions), self.traffic)
-
-    def start_ahead(self, step: int, work: Callable[[Any], Any]) -> _CountedFuture:
-        """Run ``work(view)`` in a background thread (``rollout.max_policy_lag`` 1): ``view``
-        generates, scores and filters like this executor, with the chunk seeds of driver step
-        ``step`` (fixed here, on the calling thread, at this policy version, so they do not
-        depend on when the learner's update lands) and its own traffic count, which joins this
-        executor's when the result is taken. Only the learner may be called until it is done."""
-        if self._ahead is None:
-            self._ahead = ThreadPoolExecutor(1, thread_name_prefix="maskgrpo-rollouts-ahead")
-        view = _AheadView(self, self.policy_version, step)
-        return _CountedFuture(self._ahead.submit(work, view), view.traffic, self)
-
-    def _chunks(self, prompts: list[str], positions: list[int]) -> list[Chunk]:
-        call = self._calls_this_version
-        self._calls_this_version += 1
-        return self._seeded_chunks(prompts, positions, self.policy_version, call)
-
-    def _seeded_chunks(
-        self, prompts: list[str], positions: list[int], version: int, call: int
-    ) -> list[Chunk]:
-        """The prompts cut into chunks seeded by (run seed, ``version``, ``call``, index)."""
-        return make_chunks(
-            prompts,
-            positions,
-            self.chunk_prompts,
-            lambda i: chunk_seed(self.run_seed, version, call, i),
-        )
-
-    def _run_chunks(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+    def generate_and_score(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+        """Every chunk generated and scored, in chunk order. The rollout stays in the object
+        store: ``scored.rollout`` is a ``data_plane.RolloutRefs`` (the driver fetched a small
+        meta and the rewards of each chunk)."""
         done = self.scheduler.run(chunks, traffic)
-        return _merge([done[i] for i in sorted(done)])
+        return ScoredBatch.concat([done[i] for i in sorted(done)])
 
-    def filter(self, scored: ScoredBatch) -> FilterResult:
-        """The filter actor's decision; a filter actor that dies is restarted from the state
+    def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
+        """The filter actor's decision; a filter actor that dies is restarted with the state
         after its last decision and asked again, so the decisions are those of a run without
         the crash."""
-        return self._filter(scored, self.traffic)
-
-    def _filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
         args = (scored.rewards, scored.rollout.group_size)
         for _ in range(FILTER_ATTEMPTS):
             try:
-                ref = self.filter_actor.filter_and_delta.remote(*args)
-                out = ray.get(ref, timeout=self.timeout_s)
-                res, added, self._filter_stats = out
-                self._filter_snapshot = apply_filter_delta(self._filter_snapshot, res, added)
-                traffic.sent += wire_bytes(args)
-                traffic.received += wire_bytes(out)
-                return res
+                res = ray.get(self.filter_actor.filter.remote(*args), timeout=self.timeout_s)
             except RayActorError:
                 self._restart_filter()
+                continue
+            mine = self.filter_copy.filter(*args)
+            if not (torch.equal(mine.keep, res.keep) and torch.equal(mine.invalid, res.invalid)):
+                raise RuntimeError("the filter actor and its restart copy decided differently")
+            traffic.sent += wire_bytes(args)
+            traffic.received += wire_bytes(res)
+            return res
         raise RuntimeError(f"the filter actor died {FILTER_ATTEMPTS} times on one call")
 
     def _restart_filter(self) -> None:
@@ -405,36 +318,27 @@ class RayExecutor:
         self.counters["filter_actors_lost"] = self.counters.get("filter_actors_lost", 0.0) + 1
         self.metrics.count("maskgrpo_actors_lost_total", tags={"role": "filter", "why": "died"})
         self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(self.settings.filter)
-        ray.get(
-            self.filter_actor.load_state_dict.remote(self._filter_snapshot), timeout=self.timeout_s
-        )
+        state = self.filter_copy.state_dict()
+        ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
         self.last_recovery_s = time.perf_counter() - t0
         self.events.append((time.monotonic(), "filter", "replaced"))
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "filter"})
 
     def filter_stats(self) -> dict[str, float]:
-        """The filter's stats after its last decision (they come back with it), else asked."""
-        if self._filter_stats is not None:
-            return dict(self._filter_stats)
-        return ray.get(self.filter_actor.stats.remote(), timeout=self.timeout_s)
-
-    def filter_snapshot(self) -> dict[str, Any]:
-        """The filter actor's state after its last decision, as this process keeps it."""
-        return self._filter_snapshot
+        return self.filter_copy.stats()
 
     def filter_state(self) -> dict[str, Any]:
-        return ray.get(self.filter_actor.state_dict.remote(), timeout=self.timeout_s)
+        return self.filter_copy.state_dict()
 
     def load_filter_state(self, state: dict[str, Any]) -> None:
         ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
-        self._filter_snapshot, self._filter_stats = state, None
+        self.filter_copy.load_state_dict(state)
 
     def update(self, batch: TrainBatch | TrainRefs) -> dict[str, float]:
         """One learner update. A ``TrainRefs`` (the driver's loop): each rank is sent its plan
         and the chunk references and fetches its groups itself."""
         metrics = self.learner.update(batch, self.traffic)
         self.policy_version = self.learner.version
-        self._calls_this_version = 0
         return metrics
 
     def sync_weights(self) -> float:
@@ -505,15 +409,12 @@ class RayExecutor:
 
     def save(self, folder: Path) -> None:
         """Learner (DeepSpeed checkpoint of all ranks, brought to ``folder`` on the driver's
-        machine through the object store), filter state, version, RNG streams."""
+        machine through the object store), version, RNG streams (the group source saves the
+        filter's history)."""
         self.learner.save(str((folder / "learner").resolve()))
+        state = {"policy_version": self.policy_version}
         torch.save(
-            {
-                "policy_version": self.policy_version,
-                "step_generator": self.learner.planner.state(),
-                "filter": self.filter_state(),
-            },
-            folder / "executor.pt",
+            {**state, "step_generator": self.learner.planner.state()}, folder / "executor.pt"
         )
 
     def load(self, folder: Path) -> None:
@@ -525,8 +426,6 @@ class RayExecutor:
             state["step_generator"],
         )
         self.policy_version = self.learner.version
-        self._calls_this_version = 0
-        self.load_filter_state(state["filter"])
         self.sync_weights()
         self.events.append((time.monotonic(), "learner", "restored"))
 
@@ -555,8 +454,6 @@ class RayExecutor:
         self.control.report.remote(status)
 
     def shutdown(self) -> None:
-        if self._ahead is not None:
-            self._ahead.shutdown(wait=True, cancel_futures=True)
         ray.kill(self.control)
         self.learner.shutdown()
         self.rollouts.shutdown()

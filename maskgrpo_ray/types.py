@@ -179,6 +179,17 @@ class RolloutBatch:
         return RolloutBatch(**cat)
 
 
+def merge_reward_failures(*many: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Sum ``ScoredBatch.reward_failures`` counts (component -> kind -> samples)."""
+    out: dict[str, dict[str, int]] = {}
+    for failures in many:
+        for name, kinds in failures.items():
+            slot = out.setdefault(name, {})
+            for kind, n in kinds.items():
+                slot[kind] = slot.get(kind, 0) + int(n)
+    return out
+
+
 @dataclass(frozen=True)
 class RewardResult:
     """What a reward actor sends back for a rollout: the scores only, never the rollout."""
@@ -215,6 +226,36 @@ class ScoredBatch:
             result.accuracy,
             result.reward_failures,
         ).validate()
+
+    @staticmethod
+    def concat(parts: list[ScoredBatch]) -> ScoredBatch:
+        """The parts one after another (rollouts of one kind: all in-process or all
+        references); reward failure counts are summed."""
+        rollouts = [p.rollout for p in parts]
+        kind = type(rollouts[0])
+        if any(type(r) is not kind for r in rollouts):
+            raise TypeError("cannot concatenate in-process rollouts with object-store ones")
+        acc = None
+        if all(p.accuracy is not None for p in parts):
+            acc = torch.cat([p.accuracy for p in parts])  # type: ignore[misc]
+        return ScoredBatch(
+            kind.concat(rollouts),  # type: ignore[arg-type]
+            torch.cat([p.rewards for p in parts]),
+            {k: torch.cat([p.reward_parts[k] for p in parts]) for k in parts[0].reward_parts},
+            acc,
+            merge_reward_failures(*(p.reward_failures for p in parts)),
+        )
+
+    def groups(self, keep: torch.Tensor) -> ScoredBatch:
+        """The groups where ``keep`` (bool ``[B]``); failure counts stay with the whole batch
+        they describe (they are not carried over)."""
+        rows = keep.repeat_interleave(self.rollout.group_size)
+        return ScoredBatch(
+            self.rollout.group_slice(keep),
+            self.rewards[rows],
+            {k: v[rows] for k, v in self.reward_parts.items()},
+            None if self.accuracy is None else self.accuracy[rows],
+        )
 
     def validate(self) -> ScoredBatch:
         n = self.rollout.num_samples

@@ -160,23 +160,34 @@ def test_filter_bounded_history_and_bad_percentile():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_filter_delta_rebuilds_the_actor_state(enabled):
-    """The driver's copy of the filter actor's state, kept from each call's delta (decisions
-    and the stds added) instead of the whole history, equals the actor's own state after every
-    call, the sliding window's overflow and invalid groups included."""
-    from maskgrpo_ray.actors.filter import FilterActor, apply_filter_delta
+def test_filter_copy_restarts_a_filter_with_the_same_future(enabled):
+    """A filter actor restarted from a copy's state (the driver's ``filter_copy``, the same
+    class fed the same groups) decides every later group as the original would: the sliding
+    window's overflow and invalid groups included."""
+    from maskgrpo_ray.actors.filter import FilterActor
     from maskgrpo_ray.settings import FilterSettings
 
-    actor = FilterActor(FilterSettings(enabled, 10.0, warmup_groups=3, max_history=5))
-    state = actor.state_dict()
+    settings = FilterSettings(enabled, 10.0, warmup_groups=3, max_history=5)
+    actor, copy = FilterActor(settings), FilterActor(settings)
     gen = torch.Generator().manual_seed(0)
+    calls = []
     for call in range(8):
         rewards = torch.rand(4 * 3, generator=gen)
         if call % 3 == 1:
             rewards[4] = float("nan")  # group 1 invalid
-        res, added, stats = actor.filter_and_delta(rewards, 3)
-        state = apply_filter_delta(state, res, added)
-        assert state == actor.state_dict()
-        assert stats == actor.stats()
+        calls.append(rewards)
+    for rewards in calls[:5]:
+        a, b = actor.filter(rewards, 3), copy.filter(rewards, 3)
+        assert torch.equal(a.keep, b.keep) and torch.equal(a.invalid, b.invalid)
+    restarted = FilterActor(settings)
+    restarted.load_state_dict(copy.state_dict())
+    assert restarted.state_dict() == actor.state_dict()
+    for rewards in calls[5:]:
+        a, b = actor.filter(rewards, 3), restarted.filter(rewards, 3)
+        assert torch.equal(a.keep, b.keep) and torch.equal(a.invalid, b.invalid)
+        assert restarted.stats() == actor.stats()
+    state = restarted.state_dict()
     if enabled:
         assert len(state["filter"]["history"]) == 5 and state["filter"]["seen"] > 5
+        # the window overflowed and groups were dropped: the test exercised the decisions
+        assert state["filter"]["dropped"] > 0

@@ -39,11 +39,12 @@ def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys
     ex = RayExecutor(cfg, timeout_s=300)
     try:
         stream = PromptStream(load_prompts("toy"), seed=0)
+        source = driver.make_source(ex, cfg, stream)
         rows, trained = [], []
 
         def step(i):
-            prompts, positions = stream.take(cfg.train.prompts_per_step)
-            out = driver.run_step(ex, cfg, i, prompts, positions)
+            positions = list(range(stream.position, stream.position + cfg.train.prompts_per_step))
+            out, _ = driver.run_step(ex, cfg, i, source)
             assert out.scored.rollout.prompt_indices == positions  # every prompt once, in order
             trained.extend(out.scored.rollout.prompt_indices)
             ex.on_step_end(i, out.row)

@@ -182,7 +182,7 @@ def test_check_prompt_and_filter_state(executor):
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.5, float("nan"), 1.0])
     res = ray.get(ex.filter_actor.filter.remote(rewards, 2), timeout=60)
     assert res.invalid.tolist() == [False, False, True] and not res.keep[2]
-    state = ex.filter_state()
+    state = ray.get(ex.filter_actor.state_dict.remote(), timeout=60)  # the actor's, not the copy's
     f0, f1 = before["filter"], state["filter"]
     assert f1["seen"] == f0["seen"] + 2
     assert f1["history"][-2:] == pytest.approx([0.5**0.5, 0.0], abs=1e-7)
@@ -196,12 +196,14 @@ def test_check_prompt_and_filter_state(executor):
     assert ex.filter_state() == before
     ex.load_filter_state(state)
     assert ex.filter_state() == state
-    # the driver's copy (what a restarted filter actor gets), kept from each decision's delta,
-    # is the actor's state; the stats came back with the decision
+    # the driver's copy (what a restarted filter actor gets), fed the same groups, is the
+    # actor's state, and its figures are the actor's
     from types import SimpleNamespace
 
-    ex.filter(SimpleNamespace(rewards=rewards, rollout=SimpleNamespace(group_size=2)))
-    assert ex._filter_snapshot == ex.filter_state()  # noqa: SLF001
+    from maskgrpo_ray.data_plane import Traffic
+
+    ex.filter(SimpleNamespace(rewards=rewards, rollout=SimpleNamespace(group_size=2)), Traffic())
+    assert ray.get(ex.filter_actor.state_dict.remote(), timeout=60) == ex.filter_state()
     assert ex.filter_stats() == ray.get(ex.filter_actor.stats.remote(), timeout=60)
 
 

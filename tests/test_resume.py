@@ -53,10 +53,10 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch):
 
     real_run_step = driver.run_step
 
-    def crashing(ex, cfg, step, prompts, positions):
+    def crashing(ex, cfg, step, *args, **kw):
         if step == 5:  # after the checkpoint taken at the end of step 3 (next_step = 4)
             raise KeyboardInterrupt("simulated preemption")
-        return real_run_step(ex, cfg, step, prompts, positions)
+        return real_run_step(ex, cfg, step, *args, **kw)
 
     monkeypatch.setattr(driver, "run_step", crashing)
     with pytest.raises(KeyboardInterrupt):
@@ -123,10 +123,10 @@ def test_ray_backend_resumes_to_identical_metrics(tmp_path, monkeypatch):
     assert main(_args(full, "ray") + extra) == 0
     real_run_step = driver.run_step
 
-    def crashing(ex, cfg, step, prompts, positions):
+    def crashing(ex, cfg, step, *args, **kw):
         if step == 3:
             raise KeyboardInterrupt("simulated preemption")
-        return real_run_step(ex, cfg, step, prompts, positions)
+        return real_run_step(ex, cfg, step, *args, **kw)
 
     monkeypatch.setattr(driver, "run_step", crashing)
     with pytest.raises(KeyboardInterrupt):

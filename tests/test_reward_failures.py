@@ -174,6 +174,7 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
             f"rollout.samples_per_prompt={G}",
             "rollout.unmasking_steps=4",
             "filter.enabled=false",  # no drops and re-samples: one batch per step
+            f"rollout.prompts_per_chunk={b}",  # one scored call per step (a raise hits it all)
             "eval.samples_per_prompt=1",
             "logging.progress_bar=false",
             "logging.sample_grid_every_steps=0",

@@ -10,7 +10,7 @@ import torch
 
 from maskgrpo_ray import driver
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import load_prompts
+from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.phases import FilterResult, generate
 from maskgrpo_ray.types import ScoredBatch
@@ -33,6 +33,8 @@ class TableExecutor:
     """Real rollouts of a tiny toy policy, rewards from TABLE; keeps groups with std > 0."""
 
     policy_version = 0
+    chunk_prompts = 4  # one chunk per call
+    runs_ahead = False
 
     def __init__(self) -> None:
         torch.manual_seed(0)
@@ -41,7 +43,9 @@ class TableExecutor:
         self.attempts = [0, 0, 0, 0]
         self.trained: list[torch.Tensor] = []
 
-    def generate_and_score(self, prompts: list[str], positions: list[int]) -> ScoredBatch:
+    def generate_and_score(self, chunks, traffic) -> ScoredBatch:
+        (chunk,) = chunks
+        prompts, positions = chunk.prompts, chunk.positions
         rb = generate(
             self.policy,
             prompts,
@@ -63,7 +67,7 @@ class TableExecutor:
         acc = torch.where(torch.isfinite(r), (r >= 0.5).float(), NAN)  # "correct" iff r >= 0.5
         return ScoredBatch(rb, r, {}, acc).validate()
 
-    def filter(self, scored: ScoredBatch) -> FilterResult:
+    def filter(self, scored: ScoredBatch, traffic) -> FilterResult:
         r = scored.rewards.view(-1, 2)
         invalid = ~torch.isfinite(r).all(1)
         stds = torch.nan_to_num(r).std(1)
@@ -79,14 +83,30 @@ class TableExecutor:
     def filter_stats(self) -> dict[str, float]:
         return {}
 
+    def filter_state(self) -> None:
+        return None
+
+    def load_filter_state(self, state: None) -> None:
+        pass
+
     def extra_metrics(self) -> dict[str, float]:
         return {}
+
+
+def _source(ex, cfg, prompts, skip=0):
+    """The prompts in order (positions 0, 1, ...), the first ``skip`` already taken."""
+    stream = PromptStream(prompts, seed=0, shuffle=False)
+    stream.take(skip)
+    cfg = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"prompts_per_step": 4 - skip})}
+    )
+    return driver.make_source(ex, cfg, stream)
 
 
 def test_reward_figures_describe_every_generated_group_and_the_kept_ones_apart():
     cfg = load_config(TOY, ["filter.max_resamples=1", "rollout.samples_per_prompt=2"])
     ex = TableExecutor()
-    out = driver.run_step(ex, cfg, 0, ex.prompts, [0, 1, 2, 3])
+    out, _ = driver.run_step(ex, cfg, 0, _source(ex, cfg, ex.prompts))
     row = out.row
     # generated: attempt 0 (4 groups) + attempt 1 (prompts 1, 3); the NaN sample is left out:
     #   finite rewards 1, 0, .5, .5, 1, .25, .25 | 0, .6, .75, .75 -> 5.6 / 11
@@ -112,7 +132,7 @@ def test_reward_figures_when_nothing_survives():
     # every group invalid or dropped: the all-groups figures still describe them, kept are NaN
     cfg = load_config(TOY, ["filter.max_resamples=0", "rollout.samples_per_prompt=2"])
     ex = TableExecutor()
-    row = driver.run_step(ex, cfg, 0, ex.prompts[1:4], [1, 2, 3]).row
+    row = driver.run_step(ex, cfg, 0, _source(ex, cfg, ex.prompts, skip=1))[0].row
     # finite rewards .5, .5, 1, .25, .25 -> 2.5 / 5; correct 1, 1, 1, 0, 0 -> 3 / 5
     assert row["reward_mean"] == pytest.approx(0.5, abs=1e-6)
     assert row["accuracy"] == pytest.approx(0.6, abs=1e-6)

@@ -227,10 +227,10 @@ def _rows(run: Path) -> dict[int, dict]:
 def _crash_at(monkeypatch, crash_step: int) -> None:
     real = driver.run_step
 
-    def crashing(ex, cfg, step, prompts, positions, **kw):
+    def crashing(ex, cfg, step, *args, **kw):
         if step == crash_step:
             raise KeyboardInterrupt("simulated node loss")
-        return real(ex, cfg, step, prompts, positions, **kw)
+        return real(ex, cfg, step, *args, **kw)
 
     monkeypatch.setattr(driver, "run_step", crashing)
 

@@ -99,8 +99,8 @@ class RayGenerator:
     def __init__(self, cfg: Config, actors: int, timeout_s: float = 600.0) -> None:
         import ray
 
+        from maskgrpo_ray.actors.pool import rollout_pool
         from maskgrpo_ray.ray_cluster import connect
-        from maskgrpo_ray.ray_executor import rollout_pool
 
         self.timeout_s, self.actors = timeout_s, actors
         self.cluster = connect(cfg.run.ray_address, cfg.run.num_cpus, None)

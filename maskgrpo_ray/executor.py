@@ -1,0 +1,90 @@
+"""What the driver's loop calls: the :class:`Executor` of a backend, and the phase timer.
+
+Two backends implement it: ``local.LocalExecutor`` (one process, the baseline and the
+reference) and ``ray_executor.RayExecutor`` (rollout, reward, filter and learner actors on a
+Ray cluster). The part a :class:`~maskgrpo_ray.collect.GroupSource` uses (generate, score,
+filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from maskgrpo_ray.collect import Chunk
+    from maskgrpo_ray.data_plane import Traffic
+    from maskgrpo_ray.phases import FilterResult
+    from maskgrpo_ray.types import ScoredBatch
+
+
+class PhaseTimer:
+    """Seconds per named phase, summed over the phase's calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+class GroupWork(Protocol):
+    """What a backend does for the group source: generate and score chunks, decide groups."""
+
+    def generate_and_score(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+        """Every chunk's groups, generated (each chunk with its own seed) and scored, in chunk
+        order; the bytes the driver moves for it are added to ``traffic``. On Ray the rollout
+        stays in the object store (``scored.rollout`` is a ``data_plane.RolloutRefs``)."""
+
+    def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
+        """Keep / drop / invalid per group, recording every valid group in the std history."""
+
+    def filter_stats(self) -> dict[str, float]:
+        """The filter's figures after its last decision."""
+
+    def filter_state(self) -> dict[str, Any]:
+        """The filter's state (what a checkpoint and a rewind restore)."""
+
+    def load_filter_state(self, state: dict[str, Any]) -> None: ...
+
+
+class Executor(GroupWork, Protocol):
+    """Where the phases run. Every method is synchronous from the driver's point of view."""
+
+    policy_version: int
+    chunk_prompts: int  # prompts per rollout chunk (the unit of work and of seeding)
+    runs_ahead: bool  # a step's rollouts can run in the background during an update
+
+    def update(self, batch: Any) -> dict[str, float]: ...
+
+    def sync_weights(self) -> float: ...
+
+    def evaluate(
+        self, prompts: list[str], tags: list[str | None] | None = None
+    ) -> dict[str, float]: ...
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The learner's trained tensors on the CPU (what a weight sync sends)."""
+
+    def extra_metrics(self) -> dict[str, float]: ...
+
+    def save(self, folder: Path) -> None:
+        """Write weights, optimizer, RNG streams and version into ``folder``."""
+
+    def load(self, folder: Path) -> None:
+        """Restore what :meth:`save` wrote."""
+
+    def restart_learner(self, lost: Exception) -> None:
+        """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it."""
+
+    def shutdown(self) -> None: ...

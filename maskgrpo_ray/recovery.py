@@ -1,0 +1,235 @@
+"""The ways back: checkpoints (save, restore), learner recovery, preemption, early stop.
+
+A checkpoint is the executor's files (weights, optimizer, RNG streams, version) and
+``driver.pt``: the next step, the group source's state (prompt stream and filter history),
+the base evaluation and the run's totals. It is only ever taken between steps with no
+rollout in flight, so a resume is the run it continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maskgrpo_ray.checkpoint import run_store
+from maskgrpo_ray.collect import GroupSource
+from maskgrpo_ray.config import Config
+from maskgrpo_ray.executor import Executor
+from maskgrpo_ray.learner_core import LearnerLost
+from maskgrpo_ray.metrics import RunLog
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on by itself; the message names the checkpoint and the command that
+    resumes it (the CLI exits non-zero with it)."""
+
+
+@dataclass
+class Checkpoints:
+    """Save and restore a run: the executor, the group source and the driver's counters."""
+
+    cfg: Config
+    ex: Executor
+    source: GroupSource
+    run_dir: Path
+    runlog: RunLog
+
+    def save(self, next_step: int, base: dict[str, float], totals: dict[str, float]) -> None:
+        """Stage the checkpoint in a local folder (executor files + ``driver.pt``) and publish
+        it to the run's storage (``run.storage``, else ``run_dir/checkpoints``) with its
+        manifest."""
+
+        def write(folder: Path) -> None:
+            self.ex.save(folder)
+            state = {"next_step": next_step, "base": base, "totals": totals}
+            torch.save({**state, "source": self.source.state_dict()}, folder / "driver.pt")
+
+        cfg = self.cfg
+        where = run_store(cfg.run, self.run_dir).save(next_step, write, cfg.run.keep_checkpoints)
+        log.info("checkpoint %s", where)
+
+    def restore(self, folder: Path) -> tuple[int, dict, dict]:
+        """Executor, group source and driver counters from a checkpoint: (next step, base,
+        totals). ``folder`` is a local, verified copy (``CheckpointStore.fetch_valid``)."""
+        state = torch.load(folder / "driver.pt", weights_only=True)
+        self.ex.load(folder)
+        source = state.get("source")
+        if source is None:  # a checkpoint written before the group source kept the filter
+            old = torch.load(folder / "executor.pt", weights_only=True)
+            source = {"stream": state["stream"], "filter": old.get("filter")}
+        self.source.load_state_dict(source)
+        start_step = int(state["next_step"])
+        self.runlog.truncate_from(start_step)
+        log.info("resumed from %s at step %d", folder, start_step)
+        return start_step, dict(state["base"]), dict(state["totals"])
+
+    def recover_learner(self, lost: LearnerLost, attempt: int) -> tuple[int, dict, dict]:
+        """After a lost learner rank: a new learner group, and the executor, the source, the
+        driver's counters and ``metrics.jsonl`` rolled back to the newest valid checkpoint
+        (:meth:`restore`). The steps after it run again, so none is lost or trained twice.
+        Bounded by ``run.max_learner_restarts``; past it, or with no checkpoint,
+        :class:`RunFailed`."""
+        cfg, run_dir = self.cfg, self.run_dir
+        store = run_store(cfg.run, run_dir)
+        resume = f"maskgrpo train --resume {run_dir}"
+        budget = cfg.run.max_learner_restarts
+        if attempt > budget:
+            newest = store.latest()
+            raise RunFailed(
+                f"{lost}; the learner group was already restored {budget} times "
+                f"(run.max_learner_restarts={budget}). Newest checkpoint: "
+                f"{store.location}/{newest if newest else '(none)'}; resume it with `{resume}` "
+                "once the cause is found (raise run.max_learner_restarts to retry more in-job)"
+            ) from lost
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=".recover-", dir=run_dir) as scratch:
+            folder = store.fetch_valid(Path(scratch))
+            if folder is None:
+                raise RunFailed(
+                    f"{lost}; the run has no checkpoint at {store.location} to restore the "
+                    f"learner from (run.checkpoint_every_steps="
+                    f"{cfg.run.checkpoint_every_steps}): start it again with "
+                    "run.checkpoint_every_steps > 0"
+                ) from lost
+            log.warning(
+                "%s: restoring the learner group and the run from checkpoint %s (attempt %d of %d)",
+                lost,
+                folder.name,
+                attempt,
+                budget,
+            )
+            try:
+                self.ex.restart_learner(lost)
+            except Exception as err:
+                raise RunFailed(
+                    f"{lost}; a new learner group could not be started ({err}). Newest "
+                    f"checkpoint: {store.location}/{folder.name}; resume it with `{resume}`"
+                ) from err
+            out = self.restore(folder)
+        log.warning(
+            "learner restored in %.1f s; the run continues at step %d",
+            time.monotonic() - t0,
+            out[0],
+        )
+        return out
+
+
+class StepAbandoned(Exception):
+    """Raised in the driver's thread when a preempted step would overrun the grace period."""
+
+
+class Preemption:
+    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps.
+
+    A signal during a step lets the step finish, unless it would leave too little of
+    ``grace_s`` for the checkpoint (the longest save seen so far plus a margin): then a
+    SIGALRM at that moment raises :class:`StepAbandoned` and the step's partial work is
+    dropped (the previous checkpoint stays the resume point). A second signal abandons at once.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.signal_name: str | None = None
+        self.t_signal = 0.0
+        self.save_s = 0.0  # the longest checkpoint write so far
+        self.in_step = False
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def seconds_left(self) -> float:
+        return self.grace_s - (time.monotonic() - self.t_signal)
+
+    def reserve_s(self) -> float:
+        """Time kept back for the checkpoint and the exit."""
+        return self.save_s * 1.5 + min(5.0, 0.1 * self.grace_s)
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("not the main thread: SIGTERM/SIGINT will not stop the run gracefully")
+            return False
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
+        return True
+
+    def uninstall(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self.in_step = True
+        try:
+            yield
+        finally:
+            self.in_step = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested:
+            if self.in_step:
+                log.warning("second %s: abandoning the current step", name)
+                raise StepAbandoned(name)
+            return
+        self.signal_name, self.t_signal = name, time.monotonic()
+        log.warning(
+            "%s received: stopping after the current step, with a checkpoint, within %.0f s "
+            "(run.preemption_grace_seconds)",
+            name,
+            self.grace_s,
+        )
+        if self.in_step:
+            budget = self.seconds_left() - self.reserve_s()
+            if budget <= 0:
+                raise StepAbandoned(name)
+            signal.setitimer(signal.ITIMER_REAL, budget)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.in_step:
+            raise StepAbandoned(self.signal_name or "SIGALRM")
+
+    def checkpoint_before_exit(
+        self,
+        ckpts: Checkpoints,
+        next_step: int,
+        saved_step: int | None,
+        base: dict[str, float],
+        totals: dict[str, float],
+    ) -> int | None:
+        """After a signal: checkpoint at ``next_step`` unless one is there or time is too
+        short. Returns the step a resume continues at (None: no checkpoint)."""
+        if next_step == saved_step:
+            return saved_step
+        left, need = self.seconds_left(), self.reserve_s()
+        if left < need:
+            log.warning(
+                "%s: %.1f s of the grace period left, a checkpoint needs about %.1f s: none "
+                "written; a resume continues at %s",
+                self.signal_name,
+                left,
+                need,
+                "step 0" if saved_step is None else f"step {saved_step}",
+            )
+            return saved_step
+        ckpts.save(next_step, base, totals)
+        return next_step
