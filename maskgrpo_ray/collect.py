@@ -67,6 +67,18 @@ def chunk_prompts_of(prompts_per_chunk: int, prompts_per_step: int, rollout_acto
     return prompts_per_chunk or -(-prompts_per_step // max(1, rollout_actors))
 
 
+def seeded_chunks(
+    prompts: list[str],
+    positions: list[int],
+    size: int,
+    run_seed: int,
+    step: int,
+    attempt: int = 0,
+) -> list[Chunk]:
+    """A step's (re-sample attempt's) prompts in chunks of ``size``, each with its seed."""
+    return make_chunks(prompts, positions, size, lambda i: chunk_seed(run_seed, step, attempt, i))
+
+
 class PromptSource(Protocol):
     """The prompt stream (``data.PromptStream``)."""
 
@@ -190,12 +202,6 @@ class GroupSource:
 
     # ------------------------------------------------------------------ the work
 
-    def _chunks(self, step: int, attempt: int, prompts: list[str], pos: list[int]) -> list[Chunk]:
-        seed = self.run_seed
-        return make_chunks(
-            prompts, pos, self.chunk_prompts, lambda i: chunk_seed(seed, step, attempt, i)
-        )
-
     def _collect(
         self, step: int, prompts: list[str], positions: list[int], ahead: bool
     ) -> Collected:
@@ -211,7 +217,9 @@ class GroupSource:
         todo_prompts, todo_pos = prompts, positions
         for attempt in range(self.max_resamples + 1):
             with timer("generate_score"):
-                chunks = self._chunks(step, attempt, todo_prompts, todo_pos)
+                chunks = seeded_chunks(
+                    todo_prompts, todo_pos, self.chunk_prompts, self.run_seed, step, attempt
+                )
                 scored = self.work.generate_and_score(chunks, traffic)
             all_parts.append(scored)
             with timer("filter"):

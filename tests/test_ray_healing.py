@@ -12,11 +12,11 @@ import time
 import pytest
 import ray
 import torch
-from test_ray_system import rollout_versions, small_cfg
+from test_ray_system import chunks_of, rollout_versions, small_cfg
 
 from maskgrpo_ray.actors.filter import FilterActor
 from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.data_plane import fetch_rollout, rollout_nbytes
+from maskgrpo_ray.data_plane import Traffic, fetch_rollout, rollout_nbytes
 from maskgrpo_ray.phases import make_train_batch
 
 CALL_TIMEOUT_S = 8.0
@@ -41,9 +41,8 @@ POSITIONS = list(range(300, 308))
 
 
 def _generate(ex):
-    ex._calls_this_version = 0  # noqa: SLF001 - the same chunk seeds on every pass
-    t0 = time.perf_counter()
-    out = ex.generate_and_score(PROMPTS, POSITIONS)
+    t0 = time.perf_counter()  # the same chunk seeds on every pass
+    out = ex.generate_and_score(chunks_of(ex, PROMPTS, POSITIONS), Traffic())
     return out, time.perf_counter() - t0
 
 
@@ -112,16 +111,17 @@ def test_reward_actor_killed_is_replaced_and_the_chunk_rescored(executor):
 def test_filter_actor_killed_is_restarted_with_its_history(executor):
     ex = executor
     clean, _ = _generate(ex)
-    ex.filter(clean)  # some history
+    ex.filter(clean, Traffic())  # some history
     before = ex.filter_state()
     # what a filter that never died decides next, from that same history
     local = FilterActor(ex.settings.filter)
     local.load_state_dict(before)
     want = local.filter(clean.rewards, clean.rollout.group_size)
     os.kill(int(ray.get(ex.filter_actor.pid.remote(), timeout=60)), signal.SIGKILL)
-    got = ex.filter(clean)
+    got = ex.filter(clean, Traffic())
     assert torch.equal(got.keep, want.keep) and torch.equal(got.stds, want.stds)
-    assert ex.filter_state() == local.state_dict()
+    assert ex.filter_state() == local.state_dict()  # the driver's copy
+    assert ray.get(ex.filter_actor.state_dict.remote(), timeout=60) == local.state_dict()
     assert ex.counters["filter_actors_lost"] == 1
 
 
@@ -154,10 +154,11 @@ def test_rollouts_reach_the_reward_actor_and_the_learner_without_the_driver(exec
 
     ex = executor
     ex.traffic.take()
-    out, _ = _generate(ex)
+    collection = Traffic()  # the driver's bytes of the collection (the group source's count)
+    out = ex.generate_and_score(chunks_of(ex, PROMPTS, POSITIONS), collection)
     assert isinstance(out.rollout, RolloutRefs)
     assert not any(isinstance(v, torch.Tensor) for v in vars(out.rollout).values())
-    got = ex.traffic.take()
+    got = collection.take()
     tensors, images = rollout_nbytes(out.rollout)
     assert 0 < got["bytes/driver_received"] < 0.05 * (tensors + images)
     rb = fetch_rollout(out.rollout, images=True)  # what a sample grid fetches

@@ -15,9 +15,10 @@ import ray
 import torch
 
 from maskgrpo_ray import driver
+from maskgrpo_ray.collect import seeded_chunks
 from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.data_plane import fetch_rollout
+from maskgrpo_ray.data_plane import Traffic, fetch_rollout
 from maskgrpo_ray.phases import make_train_batch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -36,6 +37,11 @@ SMALL = [
     "logging.sample_grid_every_steps=1",
     "filter.warmup_groups=4",
 ]
+
+
+def chunks_of(ex, prompts, positions, step=0):
+    """A step's chunks as the group source cuts and seeds them (the same seeds every call)."""
+    return seeded_chunks(prompts, positions, ex.chunk_prompts, ex.run_seed, step)
 
 
 def small_cfg(*extra: str) -> Config:
@@ -131,13 +137,11 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     prompts = load_prompts("toy", "train")[:8]
     positions = list(range(100, 108))
     version = ex.policy_version
-    ex._calls_this_version = 0  # noqa: SLF001 - the same seeds for both passes
-    clean = ex.generate_and_score(prompts, positions)
-    ex._calls_this_version = 0  # noqa: SLF001
+    clean = ex.generate_and_score(chunks_of(ex, prompts, positions), Traffic())
     before = ex.counters["chunks_reissued"]
     victim = ex.rollout_actor_ids()[0]
     ray.kill(ex.rollout_handle(victim), no_restart=True)  # dies before its next chunk
-    crashed = ex.generate_and_score(prompts, positions)
+    crashed = ex.generate_and_score(chunks_of(ex, prompts, positions), Traffic())
     assert ex.counters["chunks_reissued"] == before + 1
     assert victim not in ex.rollout_actor_ids()
     assert len(ex.rollout_actor_ids()) == 2  # healed: a replacement took the victim's place
@@ -158,7 +162,7 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     for actor_id in [i for i in ex.rollout_actor_ids() if i != new_id]:
         ex.remove_rollout_actor(actor_id)
     assert ex.rollout_actor_ids() == [new_id]
-    out = ex.generate_and_score(prompts[:2], [200, 201])
+    out = ex.generate_and_score(chunks_of(ex, prompts[:2], [200, 201]), Traffic())
     assert out.rollout.policy_version == ex.policy_version
     ex.scale_rollout(2)
     assert len(ex.rollout_actor_ids()) == 2

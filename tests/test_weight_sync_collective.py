@@ -116,7 +116,11 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
     try:
         assert isinstance(ex.sync, CollectiveSync)
         prompts = load_prompts("toy", "train")[:4]
-        batch = ex.generate_and_score(prompts, [0, 1, 2, 3])
+        from test_ray_system import chunks_of
+
+        from maskgrpo_ray.data_plane import Traffic
+
+        batch = ex.generate_and_score(chunks_of(ex, prompts, [0, 1, 2, 3]), Traffic())
         ex.update(make_train_batch(batch, torch.ones(4, dtype=torch.bool), 1e-4))
         ex.sync_weights()
         versions = rollout_versions(ex)
