@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-import maskgrpo_ray.algo.gumbel as gumbel
+import maskgrpo_ray.algo.gumbel_quadrature as quadrature
 from maskgrpo_ray.algo.gumbel import gumbel_marginal_log_prob, remask_taus
 from maskgrpo_ray.algo.sampling import unmask_step
 from maskgrpo_ray.algo.schedule import num_masked_after_step
@@ -202,13 +202,13 @@ def test_batching_chunking_and_top_k_agree():
     args = (masked[None], unmasked[None], tokens[None], tau)
     full = gumbel_marginal_log_prob(logp, *args)
     (grad,) = torch.autograd.grad(full.sum(), logp)
-    old = gumbel._BLOCK_ELEMENTS
-    gumbel._BLOCK_ELEMENTS = 64  # one position, a few nodes per block
+    old = quadrature._BLOCK_ELEMENTS
+    quadrature._BLOCK_ELEMENTS = 64  # one position, a few nodes per block
     try:
         small = gumbel_marginal_log_prob(logp, *args)
         (grad_small,) = torch.autograd.grad(small.sum(), logp)
     finally:
-        gumbel._BLOCK_ELEMENTS = old
+        quadrature._BLOCK_ELEMENTS = old
     torch.testing.assert_close(small, full, rtol=0, atol=1e-12)
     torch.testing.assert_close(grad_small, grad, rtol=0, atol=1e-12)
     # A row's value does not depend on the other rows of the batch.
@@ -316,7 +316,7 @@ def test_gradcheck_float64():
     loc[1, 2] = 150.0  # exp(-exp(loc - m)) == 0: capped, zero value and zero gradient
     nodes = torch.randn(3, 4, generator=g, dtype=torch.float64)
     inputs = (logmass.requires_grad_(True), loc.requires_grad_(True), nodes)
-    assert torch.autograd.gradcheck(gumbel._LogMixtureCdf.apply, inputs, eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(quadrature._LogMixtureCdf.apply, inputs, eps=1e-6, atol=1e-8)
 
 
 # -- 5. the annealing schedule -------------------------------------------------------------------
