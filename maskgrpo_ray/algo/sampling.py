@@ -16,7 +16,7 @@ of sample ``n`` was committed (``-1`` if it was given). The state before step ``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -87,6 +87,33 @@ def check_generator_device(generator: torch.Generator | None, device: torch.devi
         )
 
 
+def draw_tokens(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's first draw, shared by both samplers: ``x_i ~ softmax(logits / temperature)``.
+
+    One ``multinomial`` over ``[N*L, V]`` (Show-o's order: before any other draw of the step).
+
+    Args:
+        logits: float ``[N, L, V]``; tokens: long ``[N, L]``, the state (masked = ``V``).
+        temperature: sampling temperature; generator: on the logits' device.
+
+    Returns:
+        ``masked [N, L]`` bool (masked before the step), ``probs [N, L, V]`` float32 and
+        ``sampled [N, L]`` long (the draw at masked positions, the known token elsewhere).
+    """
+    n, length, vocab = logits.shape
+    check_generator_device(generator, logits.device)
+    masked = tokens == vocab  # [N, L]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
+    draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
+    sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
+    return masked, probs, sampled
+
+
 def unmask_step(
     logits: torch.Tensor,
     tokens: torch.Tensor,
@@ -114,11 +141,7 @@ def unmask_step(
         gumbel_anneal: ``(tau_{t-1}, t, S) -> tau_t`` (default Show-o's compounding anneal).
     """
     n, length, vocab = logits.shape
-    check_generator_device(generator, logits.device)
-    masked = tokens == vocab  # [N, L]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
-    draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
-    sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
+    masked, probs, sampled = draw_tokens(logits, tokens, temperature, generator)
     conf = probs.gather(-1, sampled.clamp(max=vocab - 1).unsqueeze(-1)).squeeze(-1)  # [N, L]
     conf = torch.where(masked, conf, torch.full_like(conf, torch.finfo(torch.float32).max))
     tau = gumbel_anneal(tau, step, num_steps)
@@ -176,11 +199,7 @@ def ancestral_step(
         step: ``t``; shares: ``k_0..k_S``; generator: on the logits' device.
     """
     n, length, vocab = logits.shape
-    check_generator_device(generator, logits.device)
-    masked = tokens == vocab  # [N, L]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [N, L, V]
-    draws = torch.multinomial(probs.reshape(n * length, vocab), 1, generator=generator)
-    sampled = torch.where(masked, draws.view(n, length), tokens)  # [N, L]
+    masked, _, sampled = draw_tokens(logits, tokens, temperature, generator)
     k_t, k_s = shares[step], shares[step + 1]
     p_commit = 1.0 if step >= len(shares) - 2 or k_t <= 0 else (k_t - k_s) / k_t
     u = torch.zeros((n, length), dtype=torch.float32, device=logits.device)
@@ -232,73 +251,127 @@ def rollout(
         The :class:`Trajectory`; ``old_logp[:, t]`` is the log-probability of step ``t`` under
         the logits that produced it, which the learner must reproduce before its first update.
     """
-    tokens = initial_tokens.clone()
-    n, length = tokens.shape
-    commit_step = torch.where(tokens == codebook_size, -2, -1).to(torch.long)
     if remask_likelihood not in ("marginal", "eq14"):
         raise ValueError(
             f"remask_likelihood must be 'marginal' or 'eq14', got {remask_likelihood!r}"
         )
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-    shares = masked_share_before_steps(num_steps, length, mask_schedule)
-    old_logp, sampled_all, lik_tau, preds, masked_before = [], [], [], [], []
+    tokens = initial_tokens.clone()
+    step = _step_fn(
+        sampler, num_steps, tokens.shape[1], temperature, generator, mask_schedule, gumbel_anneal
+    )
+    record = _Record(
+        commit_step=torch.where(tokens == codebook_size, -2, -1).to(torch.long),
+        kind=kind,
+        codebook_size=codebook_size,
+        temperature=temperature,
+        marginal=remask_likelihood == "marginal",
+        record_likelihood=record_likelihood,
+        keep_predictions=keep_predictions,
+    )
     tau = gumbel_temperature
     for t in range(num_steps):
         logits = logits_fn(tokens).float()  # [N, L, V]
-        if sampler == "ancestral":
-            out = ancestral_step(
-                logits, tokens, t, shares, temperature=temperature, generator=generator
-            )
-        else:
-            out = unmask_step(
-                logits,
-                tokens,
-                t,
-                num_steps,
-                tau,
-                temperature=temperature,
-                generator=generator,
-                mask_schedule=mask_schedule,
-                gumbel_anneal=gumbel_anneal,
-            )
-        tau = out.tau
-        lik_tau.append(out.tau if remask_likelihood == "marginal" else 0.0)
-        if keep_predictions:
-            preds.append(out.sampled)
-            masked_before.append(out.masked.sum(-1))
-        if record_likelihood:
-            old_logp.append(
+        out = step(logits, tokens, t, tau)
+        record.add(t, logits, out)
+        tau, tokens = out.tau, out.next_tokens
+    return record.trajectory(tokens)
+
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, int, float], StepOutcome]
+"""``(logits [N, L, V], tokens [N, L], step t, tau_{t-1}) -> StepOutcome``, one sampler step."""
+
+
+def _step_fn(
+    sampler: str,
+    num_steps: int,
+    num_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    mask_schedule: MaskSchedule,
+    gumbel_anneal: GumbelAnneal,
+) -> StepFn:
+    """The step of ``sampler`` (:func:`unmask_step` or :func:`ancestral_step`) with the
+    rollout's settings bound."""
+    if sampler == "ancestral":
+        shares = masked_share_before_steps(num_steps, num_tokens, mask_schedule)
+        return lambda logits, tokens, t, tau: ancestral_step(
+            logits, tokens, t, shares, temperature=temperature, generator=generator
+        )
+    return lambda logits, tokens, t, tau: unmask_step(
+        logits,
+        tokens,
+        t,
+        num_steps,
+        tau,
+        temperature=temperature,
+        generator=generator,
+        mask_schedule=mask_schedule,
+        gumbel_anneal=gumbel_anneal,
+    )
+
+
+@dataclass
+class _Record:
+    """What :func:`rollout` keeps of each step, stacked into a :class:`Trajectory` at the end."""
+
+    commit_step: torch.Tensor  # [N, L] long, each position's commit step (-1 given, -2 not yet)
+    kind: str  # transition definition of old_logp
+    codebook_size: int  # V, the mask value
+    temperature: float
+    marginal: bool  # old_logp integrates the Gumbel remasking noise (else Eq. 14, tau 0)
+    record_likelihood: bool
+    keep_predictions: bool
+    old_logp: list[torch.Tensor] = field(default_factory=list)  # [N] per step
+    sampled: list[torch.Tensor] = field(default_factory=list)  # [N, L] per step (AR-style only)
+    likelihood_tau: list[float] = field(default_factory=list)
+    predictions: list[torch.Tensor] = field(default_factory=list)  # [N, L] per step
+    masked_before: list[torch.Tensor] = field(default_factory=list)  # [N] per step
+
+    def add(self, t: int, logits: torch.Tensor, out: StepOutcome) -> None:
+        """Record step ``t``, taken from ``logits [N, L, V]`` (before the temperature)."""
+        self.likelihood_tau.append(out.tau if self.marginal else 0.0)
+        if self.keep_predictions:
+            self.predictions.append(out.sampled)
+            self.masked_before.append(out.masked.sum(-1))
+        if self.record_likelihood:
+            self.old_logp.append(
                 step_log_prob(
-                    logits / temperature,
+                    logits / self.temperature,
                     out.masked,
                     out.unmasked,
                     out.sampled,
-                    kind,
-                    gumbel_tau=lik_tau[-1],
+                    self.kind,
+                    gumbel_tau=self.likelihood_tau[-1],
                 )
             )
-        if kind == "ar" and record_likelihood:
-            sampled_all.append(torch.where(out.masked, out.sampled, codebook_size))
-        commit_step = torch.where(out.unmasked, t, commit_step)
-        tokens = out.next_tokens
-    if bool((commit_step == -2).any()):
-        raise RuntimeError("rollout ended with masked positions; the last step must commit all")
-    recorded = record_likelihood and kind == "ar"
-    return Trajectory(
-        final_tokens=tokens,
-        unmask_step=commit_step,
-        old_logp=(
-            torch.stack(old_logp, dim=1).float()
-            if record_likelihood
-            else torch.zeros(n, 0, device=tokens.device)
-        ),
-        sampled=torch.stack(sampled_all, dim=1) if recorded else None,
-        kind=kind,
-        likelihood_tau=torch.tensor(lik_tau if record_likelihood else [], dtype=torch.float32),
-        predictions=torch.stack(preds, dim=1) if keep_predictions else None,
-        masked_before=torch.stack(masked_before, dim=1) if keep_predictions else None,
-    )
+        if self.kind == "ar" and self.record_likelihood:
+            self.sampled.append(torch.where(out.masked, out.sampled, self.codebook_size))
+        self.commit_step = torch.where(out.unmasked, t, self.commit_step)
+
+    def trajectory(self, final_tokens: torch.Tensor) -> Trajectory:
+        """The recorded rollout ending at ``final_tokens [N, L]`` (every position committed)."""
+        if bool((self.commit_step == -2).any()):
+            raise RuntimeError("rollout ended with masked positions; the last step must commit all")
+        recorded = self.record_likelihood and self.kind == "ar"
+        keep = self.keep_predictions
+        return Trajectory(
+            final_tokens=final_tokens,
+            unmask_step=self.commit_step,
+            old_logp=(
+                torch.stack(self.old_logp, dim=1).float()
+                if self.record_likelihood
+                else torch.zeros(final_tokens.shape[0], 0, device=final_tokens.device)
+            ),
+            sampled=torch.stack(self.sampled, dim=1) if recorded else None,
+            kind=self.kind,
+            likelihood_tau=torch.tensor(
+                self.likelihood_tau if self.record_likelihood else [], dtype=torch.float32
+            ),
+            predictions=torch.stack(self.predictions, dim=1) if keep else None,
+            masked_before=torch.stack(self.masked_before, dim=1) if keep else None,
+        )
 
 
 def replay_states(
