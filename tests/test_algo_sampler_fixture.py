@@ -59,12 +59,13 @@ def test_rollout_reproduces_reference_generation(showo_fixtures):
 
 
 @pytest.mark.parametrize("tau0", [0.5, 2.0])
-def test_rollout_takes_the_gumbel_temperature_where_show_o_does(showo_fixtures, tau0):
-    # The recorded run has tau_0 = 1 = sampling temperature, so swapping the two arguments
-    # above would pass it. Here they differ: on fixed logits (the fixture's step-0 guided
-    # logits for every state) our sampler must equal the reference loop of showo_helpers
-    # (checked bit for bit against t2i_generate in test_showo_fixtures) run with Show-o's
-    # `temperature` = tau_0, and must differ from it when the two arguments are swapped.
+def test_rollout_equals_the_show_o_loop_at_other_gumbel_temperatures(showo_fixtures, tau0):
+    # The recorded run has tau_0 = 1 = sampling temperature. On fixed logits (the fixture's
+    # step-0 guided logits for every state) and tau_0 != 1, our sampler must equal the reference
+    # loop of showo_helpers (checked bit for bit against t2i_generate in test_showo_fixtures) run
+    # with Show-o's `temperature` = tau_0. Whether tau_0 changes these fixtures' result is up to
+    # the fixtures; that tau is applied where Show-o applies it is the next test's, on a case
+    # built so that it must.
     cfg = json.loads((showo_fixtures / "tiny_showo_config.json").read_text())
     io = load_file(str(showo_fixtures / "tiny_showo_io.safetensors"))
     steps, seed = int(cfg["generation"]["timesteps"]), int(cfg["generation"]["gen_seed"])
@@ -83,20 +84,72 @@ def test_rollout_takes_the_gumbel_temperature_where_show_o_does(showo_fixtures, 
         generator=torch.Generator().manual_seed(seed),
         gumbel_temperature=tau0,
     )
+    ours = rollout(
+        fixed,
+        init,
+        vocab,
+        num_steps=steps,
+        temperature=1.0,
+        gumbel_temperature=tau0,
+        kind="p1",
+        generator=torch.Generator().manual_seed(seed),
+    ).final_tokens
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
 
-    def ours(temperature: float, gumbel_temperature: float) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
-        return rollout(
+
+def test_rollout_takes_the_gumbel_temperature_where_show_o_does():
+    # A case where tau must matter. N = 64 rows, L = 2 positions, V = 101, S = 2 steps, both
+    # positions masked. Position 0 puts logit 0 on tokens 0..99 and -inf on token 100, position 1
+    # logit 0 on all 101: whatever token is drawn, its confidence is c_0 = 1/100, c_1 = 1/101,
+    # and softmax(logits / T) is the same for every sampling temperature T (so the draws are
+    # too). Step 0 keeps m_0 = max(1, min(2 - 1, floor(2 cos(pi/4)))) = 1 position masked: the
+    # lower score log c_i + tau g_i, with tau = tau_0 (1 - 1/2) and g_i iid Gumbel.
+    # - tau_0 = 0: scores log c, so position 1 is remasked and position 0 committed at step 0
+    #   in every row, for every generator and every T.
+    # - tau_0 = 0.5 (tau = 0.25): position 1 is committed first iff g_1 - g_0 > log(101/100) / tau
+    #   = 0.0398; g_1 - g_0 is standard logistic, so each row flips with probability
+    #   1 / (1 + e^0.0398) = 0.490, independently. No row flips with probability 0.51^64 = 2e-19
+    #   and all do with 0.49^64 = 1e-20: over generators this case shows the noise with
+    #   certainty up to 1e-18; with the fixed one below it is a fixed outcome.
+    # A sampler that scaled the noise by the sampling temperature (the swap) would flip rows at
+    # T = 0.5, tau_0 = 0; one that ignored tau_0 would flip none at tau_0 = 0.5.
+    n, vocab, steps = 64, 101, 2
+    logits = torch.zeros(n, 2, vocab)
+    logits[:, 0, 100] = float("-inf")
+    init = torch.full((n, 2), vocab)
+
+    def fixed(tokens: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def ours(temperature: float, tau0: float) -> tuple[torch.Tensor, torch.Tensor]:
+        traj = rollout(
             fixed,
             init,
             vocab,
             num_steps=steps,
             temperature=temperature,
-            gumbel_temperature=gumbel_temperature,
-            kind="p1",
-            generator=g,
-        ).final_tokens
+            gumbel_temperature=tau0,
+            kind="p2",
+            generator=torch.Generator().manual_seed(0),
+        )
+        return traj.final_tokens, traj.unmask_step
 
-    torch.testing.assert_close(ours(1.0, tau0), ref, rtol=0, atol=0)
-    assert not torch.equal(ours(tau0, 1.0), ref)  # the swap is caught
-    assert not torch.equal(ours(1.0, 1.0), ref)  # tau_0 matters on this case
+    first_in_order = torch.tensor([0, 1]).expand(n, 2)  # position 0 at step 0, 1 at step 1
+    tokens, order = ours(1.0, 0.0)
+    torch.testing.assert_close(order, first_in_order, rtol=0, atol=0)
+    tokens_t, order_t = ours(0.5, 0.0)  # the sampling temperature brings no noise in
+    torch.testing.assert_close(order_t, first_in_order, rtol=0, atol=0)
+    torch.testing.assert_close(tokens_t, tokens, rtol=0, atol=0)  # nor changes these draws
+    tokens_g, order_g = ours(1.0, 0.5)
+    flipped = int((order_g[:, 1] == 0).sum())
+    assert 0 < flipped < n, flipped  # the noise reorders some rows, the confidence the rest
+    assert bool((order_g.sort(dim=1).values == torch.tensor([0, 1])).all())  # one per step
+    for tau0, got in ((0.0, tokens), (0.5, tokens_g)):  # and exactly as Show-o's loop does
+        ref, _, _ = reference_t2i_generate(
+            fixed,
+            init,
+            steps=steps,
+            generator=torch.Generator().manual_seed(0),
+            gumbel_temperature=tau0,
+        )
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
