@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.evaluation.geneval import TAGS as GENEVAL_TAGS
+from maskgrpo_ray import geneval_schema
 from maskgrpo_ray.models.registry import get_prompt_set
 
 log = logging.getLogger(__name__)
@@ -191,17 +191,16 @@ def _file_records(path: Path, column: str | None) -> list[PromptRecord]:
 
 
 def _set_records(spec: str, split: str) -> list[PromptRecord]:
-    """A registered prompt set's ``split``; the toy grammar's captions carry GenEval metadata."""
+    """A registered prompt set's ``split``, with each caption's GenEval metadata when the set
+    has it (the toy grammar's)."""
     prompt_set = get_prompt_set(spec)
     assert prompt_set is not None
     records = []
-    for i, text in enumerate(prompt_set(split)):
+    for i, text in enumerate(prompt_set.prompts(split)):
         meta = None
-        if spec == "toy":
-            from maskgrpo_ray.toyworld import Caption
-
-            meta = dict(Caption.parse(text).geneval_metadata())
-            meta.pop("prompt")
+        if prompt_set.metadata is not None:
+            meta = dict(prompt_set.metadata(text))
+            meta.pop("prompt", None)  # the record's text
         records.append(PromptRecord(normalize_text(text), meta, f"{spec}[{split}][{i}]"))
     return records
 
@@ -244,11 +243,11 @@ def dedupe(records: Sequence[PromptRecord], spec: str) -> LoadedPrompts:
 def _check_tags(records: Sequence[PromptRecord]) -> None:
     for r in records:
         tag = (r.meta or {}).get("tag")
-        if tag not in GENEVAL_TAGS:
+        if tag not in geneval_schema.TAGS:
             what = "has no field 'tag'" if tag is None else f"has field 'tag' = {tag!r}"
             raise PromptDataError(
                 f"{r.source}: prompt {r.text!r} {what}; GenEval metadata needs a tag, one of "
-                f"{list(GENEVAL_TAGS)}, on every line: add it (with 'include', see "
+                f"{list(geneval_schema.TAGS)}, on every line: add it (with 'include', see "
                 "docs/prompts.md), write the file with `maskgrpo prompts make --kind geneval`, "
                 "or do not require tags"
             )
@@ -258,7 +257,7 @@ def load_prompt_records(
     spec: str, split: str = "train", *, column: str | None = None, require_tag: bool = False
 ) -> LoadedPrompts:
     """A registered prompt set's ``split`` (``"toy"``: the toy grammar's train or held-out eval
-    split, with GenEval-style metadata; other sets: no metadata), else a prompts file.
+    split, with GenEval-style metadata; a set without metadata: none), else a prompts file.
 
     Files: ``.txt`` one prompt a line; ``.json`` a list of strings or of objects (the official
     release's ``{"caption": ...}``); ``.jsonl`` one object or string a line (GenEval's

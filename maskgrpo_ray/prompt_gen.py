@@ -1,7 +1,7 @@
 """GenEval-style training prompts: templates over object classes, colours, counts and positions.
 
 Each prompt comes with its metadata in GenEval's ``evaluation_metadata.jsonl`` format (``tag``,
-``include``, ``exclude``, ``prompt``; see ``evaluation/geneval.py``), so a reward or an
+``include``, ``exclude``, ``prompt``; see ``geneval_schema.py``), so a reward or an
 evaluator can check it. The templates are those of GenEval's ``prompts/create_prompts.py``
 (its classes, colours, counts two to four, relations; no "<colour> person"), with proper
 English plurals ("two people", where GenEval writes "two persons"). As Flow-GRPO does, the
@@ -20,8 +20,9 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from maskgrpo_ray.data import GENEVAL_TAGS, normalize_text
-from maskgrpo_ray.evaluation.geneval import RELATIONS
+from maskgrpo_ray.data import normalize_text
+from maskgrpo_ray.geneval_schema import RELATIONS
+from maskgrpo_ray.geneval_schema import TAGS as GENEVAL_TAGS
 
 # the 80 COCO classes, as GenEval names them
 OBJECTS: tuple[str, ...] = (
@@ -324,9 +325,9 @@ def make_geneval_prompts(
     return out
 
 
-def toy_prompt_metadata(split: str) -> list[dict[str, Any]]:
-    """The toy world's ``split`` ("train" or "eval") captions with their GenEval-style metadata
-    (``Caption.geneval_metadata``)."""
+def prompt_set_metadata(name: str, split: str) -> list[dict[str, Any]]:
+    """A named prompt set's ``split`` ("train" or "eval") with each prompt's metadata (the toy
+    world's: GenEval-style, ``Caption.geneval_metadata``)."""
     from maskgrpo_ray.data import load_prompt_records
 
-    return [{**(r.meta or {}), "prompt": r.text} for r in load_prompt_records("toy", split).records]
+    return [{**(r.meta or {}), "prompt": r.text} for r in load_prompt_records(name, split).records]

@@ -1,5 +1,6 @@
-"""``maskgrpo prompts make`` (a GenEval-style or toy prompts file) and ``maskgrpo prompts check``
-(what a prompts file holds after loading: counts, drops, tags)."""
+"""``maskgrpo prompts make`` (a GenEval-style prompts file, or a named prompt set's split such as
+the toy grammar's) and ``maskgrpo prompts check`` (what a prompts file holds after loading:
+counts, drops, tags)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``prompts`` command to the ``maskgrpo`` sub-parsers."""
+    from maskgrpo_ray.models.registry import prompt_set_names
+
     p = sub.add_parser("prompts", help="make or check prompt files")
     ps = p.add_subparsers(dest="prompts_command", required=True)
     m = ps.add_parser("make", help="write a GenEval-style (or toy) prompts file with metadata")
-    m.add_argument("--kind", choices=["geneval", "toy"], default="geneval")
+    m.add_argument(
+        "--kind",
+        choices=["geneval", *prompt_set_names()],
+        default="geneval",
+        help="geneval: GenEval-style templates; a prompt set's name (toy): that set's --split",
+    )
     m.add_argument("--n", type=int, default=1000, help="prompts to make (geneval)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tags", default=None, help="comma-separated GenEval tags (default: all)")
@@ -32,7 +40,9 @@ def register(sub: Any) -> None:
     m.add_argument(
         "--prompt-column", default=None, help="the text column or key of the --exclude file"
     )
-    m.add_argument("--split", choices=["train", "eval"], default="train", help="toy split")
+    m.add_argument(
+        "--split", choices=["train", "eval"], default="train", help="split of a prompt set (toy)"
+    )
     m.add_argument("--out", required=True, metavar="FILE", help=".jsonl, .json or .txt")
     c = ps.add_parser("check", help="load a prompts file and print what it holds")
     c.add_argument("file")
@@ -66,16 +76,16 @@ def write_prompts(path: Path, metas: list[dict[str, Any]]) -> None:
 
 def make(args: argparse.Namespace) -> int:
     from maskgrpo_ray.data import load_prompt_records
-    from maskgrpo_ray.prompt_gen import make_geneval_prompts, toy_prompt_metadata
+    from maskgrpo_ray.prompt_gen import make_geneval_prompts, prompt_set_metadata
 
     _check_out(Path(args.out))
-    if args.kind == "toy":
+    if args.kind != "geneval":
         if args.exclude or args.tags:
             raise ValueError(
-                "--kind toy writes a toy split as it is; --exclude and --tags are for "
-                "--kind geneval (the toy splits are disjoint already)"
+                f"--kind {args.kind} writes a split of that prompt set as it is; --exclude and "
+                "--tags are for --kind geneval (a set's splits are disjoint already)"
             )
-        metas = toy_prompt_metadata(args.split)
+        metas = prompt_set_metadata(args.kind, args.split)
     else:
         held: list[PromptRecord] = []
         if args.exclude:
@@ -88,7 +98,7 @@ def make(args: argparse.Namespace) -> int:
             exclude_metadata=[r.meta for r in held if r.meta and "tag" in r.meta],
         )
     write_prompts(Path(args.out), metas)
-    counts = Counter(m["tag"] for m in metas)
+    counts = Counter(m.get("tag") for m in metas)
     print(f"wrote {len(metas)} prompts to {args.out}: {dict(sorted(counts.items()))}")
     return 0
 

@@ -8,14 +8,13 @@ import torch
 
 from maskgrpo_ray import toyworld
 from maskgrpo_ray.evaluation.geneval import (
-    GenEvalMetadataError,
     check_geneval_folder,
-    check_metadata,
     evaluate_objects,
     relations,
     score_toy,
     write_geneval_prompt,
 )
+from maskgrpo_ray.geneval_schema import GenEvalMetadataError, check_metadata
 from maskgrpo_ray.rewards.rules import judge
 
 GRID, CELL = 4, 4

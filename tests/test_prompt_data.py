@@ -13,13 +13,13 @@ import pytest
 
 from maskgrpo_ray import prompts_cli
 from maskgrpo_ray.data import (
-    GENEVAL_TAGS,
     PromptDataError,
     PromptRecord,
     load_prompt_records,
     load_prompts,
 )
-from maskgrpo_ray.evaluation.geneval import check_metadata
+from maskgrpo_ray.geneval_schema import TAGS as GENEVAL_TAGS
+from maskgrpo_ray.geneval_schema import check_metadata
 from maskgrpo_ray.prompt_gen import (
     COLORS,
     COLOURABLE,
@@ -32,7 +32,7 @@ from maskgrpo_ray.prompt_gen import (
     make_geneval_prompts,
     metadata_key,
     plural,
-    toy_prompt_metadata,
+    prompt_set_metadata,
 )
 from maskgrpo_ray.toyworld import Caption
 
@@ -414,7 +414,7 @@ def test_generator_says_when_it_runs_out():
 
 
 def test_toy_prompt_metadata_is_the_toy_split():
-    metas = toy_prompt_metadata("eval")
+    metas = prompt_set_metadata("toy", "eval")
     assert [m["prompt"] for m in metas] == load_prompts("toy", "eval")
     assert metas[0] == Caption.parse(metas[0]["prompt"]).geneval_metadata()
 

@@ -1,19 +1,18 @@
-"""GenEval (Ghosh et al., 2023): the folder layout its official evaluator reads, the metadata
-schema, and a GenEval-style rule scorer for the toy world.
+"""GenEval (Ghosh et al., 2023): the folder layout its official evaluator reads, its rule, and a
+GenEval-style rule scorer for the toy world.
 
 The official evaluator (``evaluation/evaluate_images.py`` of djghosh13/geneval) walks
 ``IMAGEDIR/<digits>/``: it ``json.load``s ``metadata.jsonl`` (one object: the prompt's metadata
 line) and scores every ``samples/<digits>.png``. Its generation script names the folders
 ``f"{index:05}"`` (the line number of the metadata file) and the samples ``f"{j:05}.png"``;
-:func:`write_geneval_folder` writes exactly that, so the official evaluator scores our images
+:func:`write_geneval_prompt` writes exactly that, so the official evaluator scores our images
 unchanged. Its summary reports per-tag accuracy and, as overall, the mean of the tag scores.
 
-A metadata line: ``tag`` (one of :data:`TAGS`), ``include`` (objects that must be there:
-``class``, ``count``, optional ``color``, optional ``position = [relation, index of an
-earlier include]``), optional ``exclude`` (``class``, ``count``: fewer than ``count`` of the
-class), ``prompt``. The rule (:func:`evaluate_objects`, after the official ``evaluate``): every
-include clause holds (at least ``count`` objects; ``color`` on ``count`` of them; every one
-of them in ``relation`` to every object of the target include) and no exclude clause is met.
+The metadata schema (tags, relations, the check of a line) is
+:mod:`maskgrpo_ray.geneval_schema`. The rule (:func:`evaluate_objects`, after the official
+``evaluate``): every include clause holds (at least ``count`` objects; ``color`` on ``count``
+of them; every one of them in ``relation`` to every object of the target include) and no
+exclude clause is met.
 
 The toy scorer (:func:`score_toy`) applies that rule to the toy world's decoded pixels, where
 detection is exact: each non-black cell is one ``"dot"`` with its palette colour and position.
@@ -33,55 +32,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray import toyworld
-
-TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
-RELATIONS = ("left of", "right of", "above", "below")
-
-
-class GenEvalMetadataError(ValueError):
-    """A metadata line that the GenEval evaluator could not read."""
-
-
-def check_metadata(meta: Any, where: str) -> None:
-    """Raise :class:`GenEvalMetadataError` naming ``where`` (file:line), the field and the fix
-    unless ``meta`` is a GenEval metadata object."""
-    fix = "see docs/evaluation.md (GenEval metadata) or `maskgrpo prompts make --kind geneval`"
-    if not isinstance(meta, Mapping):
-        raise GenEvalMetadataError(f"{where}: a GenEval metadata line must be an object; {fix}")
-    if meta.get("tag") not in TAGS:
-        raise GenEvalMetadataError(
-            f"{where}: field 'tag' is {meta.get('tag')!r}; GenEval metadata needs one of "
-            f"{list(TAGS)}; {fix}"
-        )
-    if not isinstance(meta.get("prompt"), str) or not meta["prompt"].strip():
-        raise GenEvalMetadataError(f"{where}: field 'prompt' is missing or empty; {fix}")
-    include = meta.get("include")
-    if not isinstance(include, list) or not include:
-        raise GenEvalMetadataError(
-            f"{where}: field 'include' must be a non-empty list of objects; {fix}"
-        )
-    for k, clause in enumerate([*include, *meta.get("exclude", [])]):
-        field = f"include[{k}]" if k < len(include) else f"exclude[{k - len(include)}]"
-        if not isinstance(clause, Mapping) or not isinstance(clause.get("class"), str):
-            raise GenEvalMetadataError(f"{where}: field {field}.class is missing; {fix}")
-        count = clause.get("count")
-        if not isinstance(count, int) or count < 1:
-            raise GenEvalMetadataError(
-                f"{where}: field {field}.count is {count!r}; it must be an integer >= 1; {fix}"
-            )
-        pos = clause.get("position")
-        if pos is not None and not (
-            isinstance(pos, list)
-            and len(pos) == 2
-            and pos[0] in RELATIONS
-            and isinstance(pos[1], int)
-            and 0 <= pos[1] < min(k, len(include))
-        ):
-            raise GenEvalMetadataError(
-                f"{where}: field {field}.position is {pos!r}; expected [relation, index of an "
-                f"earlier include] with relation in {list(RELATIONS)}; {fix}"
-            )
-
+from maskgrpo_ray.geneval_schema import check_metadata
 
 # ----------------------------------------------------------------------------- folder layout
 

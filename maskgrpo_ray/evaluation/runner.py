@@ -23,14 +23,10 @@ import torch
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data import LoadedPrompts, PromptRecord
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, make_units, unit_rewards
-from maskgrpo_ray.evaluation.geneval import (
-    check_geneval_folder,
-    check_metadata,
-    score_toy,
-    write_geneval_prompt,
-)
+from maskgrpo_ray.evaluation.geneval import check_geneval_folder, write_geneval_prompt
 from maskgrpo_ray.evaluation.types import EvalSample, ModelEval
 from maskgrpo_ray.evaluation.weights import BASE
+from maskgrpo_ray.geneval_schema import check_metadata
 from maskgrpo_ray.settings import EvalSettings, settings_from_config
 from maskgrpo_ray.types import RolloutBatch
 
@@ -155,10 +151,12 @@ SampleScorer = Callable[[RolloutBatch, list[str], list[dict[str, Any]] | None], 
 def scorers(
     cfg: Config, metric_specs: Sequence[Any], metas_known: bool, device: torch.device
 ) -> dict[str, SampleScorer]:
-    """Per-sample scorers: the run's training reward (``reward``, ``accuracy``), the toy GenEval
-    rule (``geneval``, toy model with GenEval metadata) and every per-sample metric spec."""
+    """Per-sample scorers: the run's training reward (``reward``, ``accuracy``), GenEval's rule
+    (``geneval``: when the model kind scores it on its images, e.g. the toy world's, and the
+    prompts carry GenEval metadata) and every per-sample metric spec."""
     from maskgrpo_ray.build import build_reward_from_settings
     from maskgrpo_ray.evaluation.metrics import build_sample_metric
+    from maskgrpo_ray.models.registry import entry_for
 
     settings = settings_from_config(cfg)
     reward = build_reward_from_settings(settings.reward, device)
@@ -167,13 +165,14 @@ def scorers(
         return unit_rewards(reward, batch)
 
     out: dict[str, SampleScorer] = {"reward": training_reward}
-    if cfg.model.kind == "toy" and metas_known:
-        grid = cfg.model.toy.grid
+    geneval_rule = entry_for(cfg.model).geneval_rule
+    if geneval_rule is not None and metas_known:
+        rule = geneval_rule(cfg.model)
 
-        def toy_geneval(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
-            return score_toy(batch.images, metas, grid)
+        def geneval(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
+            return rule(batch.images, metas)
 
-        out["geneval"] = toy_geneval
+        out["geneval"] = geneval
     for spec in metric_specs:
         if spec.kind == "fid":
             continue

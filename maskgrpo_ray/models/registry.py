@@ -9,7 +9,8 @@ policy (the driver, each Ray rollout actor and learner rank), so a kind register
 time is found there.
 
 The registry also holds named built-in prompt sets (``data.prompts``), since a model's world
-can bring its own captions (the toy world's grammar).
+can bring its own captions (the toy world's grammar), with their GenEval metadata when they have
+it. Callers ask the entry what a kind or a set can do; none branches on its name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 
     from maskgrpo_ray.config import Config, ModelConfig
     from maskgrpo_ray.models.base import MaskedImagePolicy
+
+
+GenEvalScorer = Callable[["torch.Tensor", Sequence[Mapping[str, Any]]], dict[str, "torch.Tensor"]]
+"""``(images uint8 [N, H, W, 3], metadata of each image) -> {"geneval": float32 [N]}``."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class ModelEntry:
             base model so that actors load it instead of each building it).
         reward_defaults: ``(model_cfg, reward_kind) -> kwargs`` that a reward component of that
             kind gets unless its ``args`` set them (e.g. the toy rules reward's ``grid``).
+        geneval_rule: ``model_cfg -> scorer``, where ``scorer(images uint8 [N, H, W, 3],
+            metadata of each image) -> {"geneval": float32 [N]}`` applies GenEval's rule to the
+            kind's images by exact detection (the toy world's palette cells); None: the kind
+            has no such scorer (its GenEval folders are for the official evaluator).
     """
 
     build: Callable[[ModelConfig, torch.device], MaskedImagePolicy]
@@ -53,13 +62,28 @@ class ModelEntry:
     check: Callable[[Config], None] | None = None
     prepare: Callable[[ModelConfig], None] | None = None
     reward_defaults: Callable[[ModelConfig, str], Mapping[str, Any]] | None = None
+    geneval_rule: Callable[[ModelConfig], GenEvalScorer] | None = None
 
 
 _MODELS: dict[str, ModelEntry] = {}
 _BUILTIN_MODELS = {"toy": "maskgrpo_ray.models.toy", "showo": "maskgrpo_ray.models.showo"}
 """Built-in kinds -> the module that registers them when imported."""
 
-PromptSet = Callable[[str], list[str]]  # split ("train" | "eval") -> prompts
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A named built-in prompt set (``data.prompts``).
+
+    Attributes:
+        prompts: ``split ("train" | "eval") -> prompt texts``.
+        metadata: ``text -> its GenEval metadata line`` (``tag``, ``include``, ...,
+            ``prompt``); None: the set's prompts carry no metadata.
+    """
+
+    prompts: Callable[[str], list[str]]
+    metadata: Callable[[str], Mapping[str, Any]] | None = None
+
+
 _PROMPT_SETS: dict[str, PromptSet] = {}
 _BUILTIN_PROMPT_SETS = {"toy": "maskgrpo_ray.models.toy"}
 
@@ -157,9 +181,20 @@ def reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, Any]:
     return dict(entry.reward_defaults(model, reward_kind)) if entry.reward_defaults else {}
 
 
-def register_prompt_set(name: str, prompts: PromptSet) -> None:
-    """Register a named prompt set for ``data.prompts`` (``split -> prompts``)."""
-    _PROMPT_SETS[name] = prompts
+def register_prompt_set(
+    name: str,
+    prompts: Callable[[str], list[str]],
+    *,
+    metadata: Callable[[str], Mapping[str, Any]] | None = None,
+) -> None:
+    """Register a named prompt set for ``data.prompts``: ``prompts`` maps a split to its texts,
+    ``metadata`` (optional) a text to its GenEval metadata line."""
+    _PROMPT_SETS[name] = PromptSet(prompts, metadata)
+
+
+def prompt_set_names() -> list[str]:
+    """Every named prompt set: built-ins and registered ones, sorted."""
+    return sorted(set(_PROMPT_SETS) | set(_BUILTIN_PROMPT_SETS))
 
 
 def get_prompt_set(name: str) -> PromptSet | None:

@@ -27,8 +27,14 @@ from torch import nn
 
 from maskgrpo_ray import toyworld
 from maskgrpo_ray.config import ToyModelConfig
+from maskgrpo_ray.evaluation.geneval import score_toy
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
-from maskgrpo_ray.models.registry import ModelEntry, register_model, register_prompt_set
+from maskgrpo_ray.models.registry import (
+    GenEvalScorer,
+    ModelEntry,
+    register_model,
+    register_prompt_set,
+)
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import Config, ModelConfig
@@ -251,10 +257,20 @@ def _reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, int]:
     return {"grid": model.toy.grid} if reward_kind in toy_kinds else {}  # the image's grid
 
 
+def _geneval_rule(model: ModelConfig) -> GenEvalScorer:
+    grid = model.toy.grid  # GenEval's rule on the decoded palette cells: exact detection
+    return lambda images, metas: score_toy(images, metas, grid)
+
+
 def toy_prompts(split: str) -> list[str]:
     """The toy grammar's captions: the train split, or the held-out eval split."""
     train, held_out = toyworld.split_captions()
     return [c.text for c in (train if split == "train" else held_out)]
+
+
+def toy_prompt_metadata(text: str) -> dict[str, object]:
+    """A toy caption's GenEval metadata line (:meth:`toyworld.Caption.geneval_metadata`)."""
+    return toyworld.Caption.parse(text).geneval_metadata()
 
 
 register_model(
@@ -265,6 +281,7 @@ register_model(
         check=_check,
         prepare=_prepare,
         reward_defaults=_reward_defaults,
+        geneval_rule=_geneval_rule,
     ),
 )
-register_prompt_set("toy", toy_prompts)
+register_prompt_set("toy", toy_prompts, metadata=toy_prompt_metadata)
