@@ -1,4 +1,5 @@
-"""maskgrpo_ray.algo stays pure math: no ray, deepspeed or torch.distributed imports."""
+"""maskgrpo_ray.algo stays pure math: no ray, deepspeed or torch.distributed imports; the config
+tree (and the schemas it reads) imports no torch, no scorer and no ray."""
 
 from __future__ import annotations
 
@@ -54,3 +55,31 @@ def test_actors_and_learner_install_under_the_package_namespace(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["None", "None"]
+
+
+# a meta-path finder that refuses the heavy packages, as on a machine without them
+REFUSE_HEAVY = (
+    "import sys\n"
+    "class Refuse:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('torch', 'torchvision', 'open_clip', 'ray'):\n"
+    "            raise ImportError(f'refused in this test: {name}')\n"
+    "sys.meta_path.insert(0, Refuse())\n"
+)
+
+
+def test_config_imports_without_torch_scorers_or_ray():
+    code = REFUSE_HEAVY + (
+        "try:\n"
+        "    import torch\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    sys.exit('the finder did not refuse torch')\n"
+        "import maskgrpo_ray.config, maskgrpo_ray.config_docs, maskgrpo_ray.geneval_schema\n"
+        "from maskgrpo_ray.config import Config, ToyModelConfig, load_config\n"
+        "from maskgrpo_ray.evaluation.metric_spec import MetricSpec\n"
+        "assert maskgrpo_ray.config_docs.render_config_docs().startswith('# Configuration')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -87,7 +87,8 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     weights. Raises ConfigError / ValueError / FileNotFoundError with the field and the fix."""
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.data import load_prompt_records
-    from maskgrpo_ray.evaluation.metrics import MetricSpec, check_metric_files
+    from maskgrpo_ray.evaluation.metric_files import check_metric_files
+    from maskgrpo_ray.evaluation.metric_spec import MetricSpec
     from maskgrpo_ray.evaluation.runner import ModelSource, geneval_metadata
     from maskgrpo_ray.evaluation.weights import resolve_weights
 

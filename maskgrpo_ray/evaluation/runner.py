@@ -301,7 +301,7 @@ def run_eval(
     """Evaluate ``models`` (base first) on ``prompts``; write images, ``report.md`` and
     ``report.json`` under ``out``; returns the report's dict. Every input was checked by the
     caller (:func:`maskgrpo_ray.evaluation.cli.prepare`)."""
-    from maskgrpo_ray.evaluation.metrics import FidKid
+    from maskgrpo_ray.evaluation.fid import FidKid
     from maskgrpo_ray.evaluation.report import build_report
     from maskgrpo_ray.rewards.base import default_device
 

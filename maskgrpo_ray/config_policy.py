@@ -1,0 +1,237 @@
+"""The policy's config sections: which masked image model (``model``), how it samples
+(``rollout``) and which likelihood the objective's ratio uses (``likelihood``).
+
+Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic, no
+torch. A model kind's own settings are looked up in the model registry
+(:mod:`maskgrpo_ray.models.registry`) when a config is validated, not when this module loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from maskgrpo_ray.config_base import Strict
+
+
+class ToyModelConfig(Strict):
+    """The embedded toy world's policy: a small transformer over a grid of palette tokens."""
+
+    grid: int = Field(4, ge=2, description="image tokens per side (L = grid * grid); even")
+    cell_px: int = Field(8, ge=1, description="pixels per token side in the palette decoder")
+    d_model: int = Field(64, ge=8, description="transformer width (divisible by heads)")
+    layers: int = Field(2, ge=1, description="transformer blocks")
+    heads: int = Field(4, ge=1, description="attention heads per block")
+    pretrain_steps: int = Field(
+        600, ge=0, description="optimizer updates of the supervised pre-training of the base model"
+    )
+    pretrain_batch: int = Field(64, ge=1, description="scenes per pre-training update")
+    pretrain_lr: float = Field(1e-3, gt=0, description="pre-training learning rate")
+    noise_prob: float = Field(0.5, ge=0, le=1, description="share of corrupted pre-training scenes")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ToyModelConfig:
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"model.toy.d_model={self.d_model} is not divisible by model.toy.heads="
+                f"{self.heads}: attention splits d_model evenly across heads; change one of them"
+            )
+        if self.grid % 2:
+            raise ValueError(f"model.toy.grid={self.grid} must be even (positions name halves)")
+        return self
+
+
+class ShowoModelConfig(Strict):
+    """Show-o (Phi-1.5 transformer + MAGVIT-v2 tokenizer), from local folders or the HF cache."""
+
+    showo_path: str | None = Field(None, description="local folder or HF cache repo id of Show-o")
+    magvit_path: str | None = Field(
+        None, description="local folder or HF cache repo id of MAGVIT-v2"
+    )
+    tokenizer_path: str | None = Field(None, description="local folder of the Phi-1.5 tokenizer")
+    tiny_random: bool = Field(False, description="build a tiny random Show-o (tests, CPU demo)")
+    resolution_px: Literal[256, 512] = Field(256, description="image side in pixels")
+    max_text_tokens: int = Field(128, ge=1, description="prompt length in text tokens (padded)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the Show-o transformer's weights"
+    )
+
+
+class ModelConfig(Strict):
+    """The policy: which registered masked image model, and its own settings."""
+
+    kind: str = Field(
+        "toy",
+        description="registered model kind: 'toy', 'showo', or one registered by model.plugins",
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "modules (names, or .py file paths) imported in the driver and every actor before "
+            "model.kind is looked up, so that they register their kinds (see docs/models.md)"
+        ),
+    )
+    toy: ToyModelConfig = Field(
+        ToyModelConfig(), description="settings of the toy model (kind 'toy')"
+    )
+    showo: ShowoModelConfig = Field(
+        ShowoModelConfig(), description="settings of Show-o (kind 'showo')"
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "settings of a plugin kind without a section here, validated by its registered "
+            "config_section when it has one"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _registered(self) -> ModelConfig:
+        from maskgrpo_ray.models.registry import entry_for  # imports the kind: not at load
+
+        section = entry_for(self).config_section  # imports model.plugins; unknown kinds fail
+        own = {f.annotation for f in type(self).model_fields.values()}
+        if section is not None and section not in own:
+            section.model_validate(self.args)  # a plugin kind's settings live in model.args
+        return self
+
+
+class RolloutConfig(Strict):
+    """Sampling: the rollout actors that generate G images per prompt."""
+
+    samples_per_prompt: int = Field(6, description="G, images per prompt (a group); at least 2")
+    unmasking_steps: int = Field(8, ge=1, description="S, unmasking steps in training rollouts")
+    temperature: float = Field(1.0, gt=0, description="token sampling temperature")
+    gumbel_temperature: float = Field(
+        0.0, ge=0, description="tau_0 of the choose-and-move noise (Show-o uses 1.0)"
+    )
+    guidance_scale: float = Field(0.0, ge=0, description="Show-o CFG w: (1+w) cond - w uncond")
+    transition: Literal["p1", "p2", "ar"] = Field(
+        "p1",
+        description="transition log-prob: p1 (Eq. 14), p2 (Eq. 15) or ar (Eq. 13, the baseline)",
+    )
+    remask_likelihood: Literal["marginal", "eq14"] = Field(
+        "marginal",
+        description=(
+            "how p1 treats the Gumbel remasking noise (gumbel_temperature > 0): 'marginal' "
+            "integrates it out, the exact probability of Show-o's transition (equal to Eq. 14 "
+            "at tau = 0); 'eq14' uses Eq. 14 as printed, exact only without noise"
+        ),
+    )
+    sampler: Literal["showo", "ancestral"] = Field(
+        "showo",
+        description=(
+            "'showo': commit the most confident tokens (Gumbel-perturbed), Show-o's sampler; "
+            "'ancestral': each masked token commits independently with probability "
+            "(k_t - k_s)/k_t (MaskGRPO on MMaDA); with the trajectory estimator only p2 is exact"
+        ),
+    )
+    num_actors: int = Field(2, ge=1, description="rollout actors (Ray backend)")
+    num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per rollout actor")
+    num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout actor")
+    prompts_per_chunk: int = Field(
+        0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
+    )
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description=(
+            "asynchronous rollouts: 1 generates step k+1's rollouts with the weights before step "
+            "k's update (one policy version behind; the cached old log-probs are the behaviour "
+            "policy's, so the ratio is against them), except across a checkpoint: on Ray while "
+            "the learner trains, on the local backend at once (the reference of the Ray run); "
+            "0: the synchronous loop"
+        ),
+    )
+    max_restarts: int = Field(
+        8,
+        ge=0,
+        description=(
+            "dead or hung rollout actors replaced (with the current weights) per run; past it "
+            "a lost actor is dropped and the run goes on with fewer"
+        ),
+    )
+    call_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "a generate call running longer is taken as hung: the actor is killed and "
+            "replaced, its chunk re-issued; 0: the executor's timeout (600 s)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _group(self) -> RolloutConfig:
+        if self.samples_per_prompt < 2:
+            raise ValueError(
+                f"rollout.samples_per_prompt={self.samples_per_prompt}: GRPO needs G >= 2 samples "
+                "per prompt, since advantages are rewards relative to the group; set it to 2 or "
+                "more (the paper uses 6)"
+            )
+        return self
+
+
+class ForwardEstimatorConfig(Strict):
+    """The forward estimator: score the final tokens re-masked by K seeded masks."""
+
+    mask_draws: int = Field(
+        4, ge=1, description="K, seeded masks per sample (forward passes per sample and update)"
+    )
+    mask_ratio_min: float = Field(
+        0.2, gt=0, le=1, description="smallest share of the image tokens a mask covers"
+    )
+    mask_ratio_max: float = Field(
+        1.0, gt=0, le=1, description="largest share of the image tokens a mask covers"
+    )
+    mask_ratios: Literal["stratified", "uniform", "step_focus"] = Field(
+        "stratified",
+        description=(
+            "'stratified': draw k masks ratio min + (max-min)(k+1)/K (MaskGRPO on MMaDA); "
+            "'uniform': ratios drawn from U(min, max) per sample; 'step_focus': the masked "
+            "counts of the K trajectory steps where the prediction changes most (MaskFocus-style)"
+        ),
+    )
+    reduction: Literal["mean", "sum"] = Field(
+        "mean",
+        description=(
+            "log-prob of a draw: 'mean' or 'sum' over its masked tokens ('sum' moves the ratio "
+            "out of the clip band far sooner at hundreds of tokens)"
+        ),
+    )
+
+    draws_per_update: Literal["all", "one"] = Field(
+        "all",
+        description=(
+            "'all': every inner update (train.updates_per_batch) scores all K draws; 'one': "
+            "inner update i scores draw i mod K only, one mask ratio per inner iteration as "
+            "MaskGRPO on MMaDA (set updates_per_batch to a multiple of mask_draws)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ForwardEstimatorConfig:
+        if self.mask_ratio_min > self.mask_ratio_max:
+            raise ValueError(
+                f"likelihood.forward.mask_ratio_min={self.mask_ratio_min} exceeds "
+                f"mask_ratio_max={self.mask_ratio_max}: masks cover a share of the tokens in "
+                "[min, max]; swap them or make them equal"
+            )
+        return self
+
+
+class LikelihoodConfig(Strict):
+    """Which likelihood the objective's ratio uses: the unmasking trajectory or the re-masked
+    final sample (docs/algorithm.md compares them)."""
+
+    estimator: Literal["trajectory", "forward"] = Field(
+        "trajectory",
+        description=(
+            "'trajectory': Mask-GRPO's per-unmasking-step transition (rollout.transition); "
+            "'forward': K seeded re-maskings of the final tokens (likelihood.forward)"
+        ),
+    )
+    forward: ForwardEstimatorConfig = Field(
+        ForwardEstimatorConfig(), description="settings of the forward estimator"
+    )

@@ -1,0 +1,158 @@
+"""The run's config sections: backend and bookkeeping (``run``), prompts (``data``), held-out
+evaluation (``eval``) and outputs (``logging``).
+
+Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic, no
+torch (``eval.metrics[i]`` is a :class:`~maskgrpo_ray.evaluation.metric_spec.MetricSpec`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from maskgrpo_ray.config_base import Strict
+from maskgrpo_ray.evaluation.metric_spec import MetricSpec
+
+
+class EvalConfig(Strict):
+    """Held-out evaluation with a fixed seed; unset sampler fields default to the rollout's."""
+
+    every_steps: int = Field(
+        30, ge=0, description="driver steps between evaluations; 0: only before and after training"
+    )
+    samples_per_prompt: int = Field(32, ge=1, description="images per eval prompt")
+    unmasking_steps: int | None = Field(
+        None, ge=1, description="eval unmasking steps (default: rollout.unmasking_steps)"
+    )
+    guidance_scale: float | None = Field(
+        None, ge=0, description="eval Show-o CFG w (default: rollout's)"
+    )
+    gumbel_temperature: float | None = Field(
+        None,
+        ge=0,
+        description="eval sampler's Gumbel tau_0 (default: rollout's); fix it to compare runs "
+        "trained with different rollout samplers on the same evaluation",
+    )
+    sampler: Literal["showo", "ancestral"] | None = Field(
+        None, description="eval sampler (default: rollout.sampler)"
+    )
+    metrics: list[MetricSpec] = Field(
+        default_factory=list,
+        description="metrics `maskgrpo eval` computes besides the training reward: a list of "
+        "{kind: clip_score|imagereward|pickscore|fid, weights: local path, ...} "
+        "(docs/evaluation.md)",
+    )
+    prompts_per_unit: int = Field(
+        8,
+        ge=1,
+        description="prompts per evaluation work unit; a unit's seed depends on its index only, "
+        "so the images are the same whatever the number of rollout actors",
+    )
+
+
+class DataConfig(Strict):
+    """Prompts for training and evaluation."""
+
+    prompts: str = Field(
+        "toy", description="'toy' (built-in grammar) or a .txt/.json/.jsonl/.parquet file"
+    )
+    eval_prompts: str | None = Field(None, description="eval prompts file (default: data.prompts)")
+    prompt_column: str | None = Field(
+        None,
+        description="the column (Parquet) or key (JSON, JSONL) that holds the prompt text "
+        "(default: 'prompt', else 'caption')",
+    )
+    shuffle: bool = Field(True, description="shuffle the training prompts each epoch (seeded)")
+
+
+class LoggingConfig(Strict):
+    """Run outputs besides metrics.jsonl."""
+
+    sample_grid_every_steps: int = Field(
+        20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"
+    )
+    progress_bar: bool = Field(True, description="show a tqdm progress bar")
+
+
+class RunConfig(Strict):
+    """Backend and bookkeeping: cluster, seed, run folder, checkpoints."""
+
+    backend: Literal["ray", "local"] = Field("ray", description="'local' = single-process baseline")
+    seed: int = Field(0, description="seed of prompts, sampling and the update")
+    run_dir: str | None = Field(
+        None, description="run folder; default: runs/{run.name}-{timestamp}"
+    )
+    name: str = Field("toy", description="run name (run folder prefix, Ray control actor name)")
+    ray_address: str | None = Field(None, description="None: RAY_ADDRESS or a new local cluster")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray cluster")
+    export_final_policy: bool = Field(
+        True,
+        description="write RUN_DIR/final_policy.safetensors (the trained tensors) when the run "
+        "finishes: what `maskgrpo eval --weights RUN_DIR` evaluates",
+    )
+    checkpoint_every_steps: int = Field(
+        0, ge=0, description="driver steps between checkpoints; 0: none"
+    )
+    keep_checkpoints: int = Field(
+        2,
+        ge=1,
+        description="most recent checkpoints kept; 2 or more lets a resume skip a corrupt one",
+    )
+    storage: str | None = Field(
+        None,
+        description=(
+            "where checkpoints go, one location per run that the driver reaches: a local/NFS path "
+            "or an fsspec URL such as s3://bucket/prefix/run (credentials and endpoint from the "
+            "standard environment, e.g. AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL); a run started "
+            "with a location that holds checkpoints resumes from them; None: {run_dir}/checkpoints"
+        ),
+    )
+    storage_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description=(
+            "extra options of run.storage's fsspec filesystem, e.g. {endpoint_url: ..., "
+            "requester_pays: true} for S3; no credentials (this config is saved in the run folder)"
+        ),
+    )
+    max_learner_restarts: int = Field(
+        2,
+        ge=0,
+        description=(
+            "a lost learner rank (dead or hung) makes the run restore a new learner group and "
+            "itself from the newest checkpoint, in the same job, this many times per run; past "
+            "it, or with no checkpoint, the run exits non-zero naming the checkpoint"
+        ),
+    )
+    preemption_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "on SIGTERM/SIGINT the driver finishes the current step (abandons it if the grace "
+            "would run out), writes a checkpoint and exits 0 within this many seconds; give "
+            "Kubernetes terminationGracePeriodSeconds and RAY_JOB_STOP_WAIT_TIME_S more"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _storage(self) -> RunConfig:
+        if self.storage is not None and "://" in self.storage:
+            import fsspec
+
+            protocol = self.storage.split("://", 1)[0]
+            if protocol not in fsspec.available_protocols():
+                raise ValueError(
+                    f"run.storage={self.storage!r}: fsspec knows no protocol {protocol!r}; use a "
+                    "path or a URL such as s3://bucket/prefix (see fsspec.available_protocols())"
+                )
+        secret = sorted(k for k in self.storage_options if k.lower() in _SECRET_OPTIONS)
+        if secret:
+            raise ValueError(
+                f"run.storage_options has {secret}: credentials do not belong in the config (it "
+                "is saved as config.yaml in the run folder); set them in the environment "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE)"
+            )
+        return self
+
+
+_SECRET_OPTIONS = {"key", "secret", "token", "password", "session_token", "access_key"}

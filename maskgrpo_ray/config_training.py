@@ -1,0 +1,186 @@
+"""The update's config sections: scoring (``reward``), sample filtering (``filter``), the
+clipped GRPO objective and its optimizer (``train``) and the learner group (``learner``).
+
+Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from maskgrpo_ray.config_base import Strict
+
+
+class RewardComponent(Strict):
+    """One term of the reward: a registered scorer, its weight and its arguments."""
+
+    kind: str = Field(
+        description="registered reward kind: toy_rules, toy_geneval (reads each prompt's "
+        "GenEval metadata), clip, imagereward"
+    )
+    weight: float = Field(1.0, description="weight of this component in the summed reward")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the reward kind (paths, ...)"
+    )
+
+
+class RewardConfig(Strict):
+    """Scoring: the reward actors and the weighted sum of reward components."""
+
+    components: list[RewardComponent] = Field(
+        default_factory=lambda: [RewardComponent(kind="toy_rules")],
+        description="reward terms, summed with their weights (see reward.components[])",
+    )
+    num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
+    num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
+    num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per reward actor")
+    max_restarts: int = Field(
+        8, ge=0, description="dead or hung reward actors replaced per run; past it, dropped"
+    )
+    call_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "a score call running longer is taken as hung: the actor is killed and replaced, "
+            "the chunk re-scored; 0: the executor's timeout (600 s)"
+        ),
+    )
+
+
+class FilterConfig(Strict):
+    """Sample filtering: drop groups whose reward std is low against the recent history."""
+
+    enabled: bool = Field(True, description="drop low-variance groups and re-sample their prompts")
+    percentile: float = Field(
+        10.0, description="drop groups under this percentile (0-100) of the group-std history"
+    )
+    warmup_groups: int = Field(16, ge=0, description="groups in the history before any is dropped")
+    max_history: int = Field(1024, ge=1, description="sliding window of group stds, in groups")
+    max_resamples: int = Field(2, ge=0, description="re-sampling attempts per dropped prompt")
+
+    @model_validator(mode="after")
+    def _pct(self) -> FilterConfig:
+        if not 0.0 <= self.percentile <= 100.0:
+            raise ValueError(
+                f"filter.percentile={self.percentile} is outside 0-100: it is a percentile of the "
+                "group-std history (the paper uses 10); set a value in [0, 100]"
+            )
+        return self
+
+
+class TrainConfig(Strict):
+    """The update: driver steps, optimizer, clipped GRPO objective and its guards."""
+
+    steps: int = Field(
+        120, ge=0, description="driver steps (generate-score-filter-update iterations) to run"
+    )
+    prompts_per_step: int = Field(16, ge=1, description="B, prompts (groups) per driver step")
+    learning_rate: float = Field(1e-3, description="peak learning rate (AdamW), after warm-up")
+    warmup_updates: int = Field(
+        10, ge=0, description="optimizer updates of linear LR warm-up (Adam's first are sign-like)"
+    )
+    weight_decay: float = Field(
+        0.0, ge=0, description="AdamW weight decay of matrices (biases, norms: none)"
+    )
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2)")
+    grad_clip_norm: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables it")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0, description="ratio clip above: 1 + clip_high")
+    kl_coef: float = Field(0.0, ge=0, description="beta of the k3 KL to the frozen base model")
+    kl_normalization: Literal["per_token", "per_transition"] = Field(
+        "per_token",
+        description=(
+            "per_token: k3 of the transition's log-ratio divided by the tokens it covers (beta "
+            "on the per-token scale of verl/TRL); per_transition: k3 of the summed log-ratio"
+        ),
+    )
+    kl_clamp: float = Field(
+        10.0, ge=0, description="clamp k3's log-ratio to [-c, c] before exp (0 disables)"
+    )
+    log_ratio_clamp: float = Field(
+        20.0,
+        ge=0,
+        description="clamp logp - old_logp to [-c, c] before the ratio's exp (0 disables)",
+    )
+    dual_clip: float = Field(
+        3.0,
+        ge=0,
+        description="dual-clip c > 1: for A < 0 the surrogate is at least c * A (0 disables)",
+    )
+    advantage_eps: float = Field(
+        1e-4, gt=0, description="eps of A = (r - mean) / (std + eps) (Eq. 12)"
+    )
+    unmasking_step_selection: Literal["all", "first", "last", "random"] = Field(
+        "all", description="which unmasking steps are trained (computational reduction)"
+    )
+    unmasking_steps_trained: int = Field(
+        0, ge=0, description="k, unmasking steps trained by first/last/random selection"
+    )
+    micro_batch_pairs_per_gpu: int = Field(
+        256, ge=1, description="(sample, unmasking step) pairs per forward pass, per learner rank"
+    )
+    updates_per_batch: int = Field(
+        1, ge=1, description="optimizer updates (passes) over each driver step's batch"
+    )
+
+    @model_validator(mode="after")
+    def _lr(self) -> TrainConfig:
+        if 0.0 < self.dual_clip <= 1.0:
+            raise ValueError(
+                f"train.dual_clip={self.dual_clip}: the dual-clip bound must exceed 1 (it floors "
+                "the surrogate of negative advantages at c * A beyond the usual clip); use 3.0 "
+                "(verl's default) or 0 to disable it"
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"train.learning_rate={self.learning_rate} must be positive: a zero or negative "
+                "rate stops or reverses learning; use e.g. 3e-4 (toy) or 3e-6 (Show-o)"
+            )
+        return self
+
+
+class LearnerConfig(Strict):
+    """The learner group: DeepSpeed ranks that compute the update."""
+
+    num_workers: int = Field(1, ge=1, description="learner ranks (torch.distributed world size)")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
+    bf16: bool = Field(False, description="DeepSpeed bf16 mixed precision")
+    num_cpus_per_worker: float = Field(0.5, ge=0, description="Ray CPUs reserved per learner rank")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank")
+    torch_threads_per_worker: int = Field(
+        0,
+        ge=0,
+        description=(
+            "torch threads per rank; 0: on GPU torch's default; on CPU the node's cores / "
+            "num_workers in the synchronous loop, and num_cpus_per_worker (at least 1) with "
+            "rollout.max_policy_lag > 0, where rollouts run on the same cores during the update"
+        ),
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "recompute each transformer layer's activations in the backward pass (less memory "
+            "per micro-batch, about one more forward of compute; the same gradients); a model "
+            "kind without it says so in a warning"
+        ),
+    )
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description="'bf16': the learner's forward passes under torch.autocast in bfloat16 "
+        "(float32 weights, gradients, optimizer and loss; the standard mixed precision). "
+        "learner.bf16 is DeepSpeed's bf16 mode instead (bf16 weights, float32 master copy)",
+    )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto",
+        description=(
+            "learner -> rollout weights: 'object_store' (one ray.put, fetched per node), "
+            "'collective' (learner rank 0 broadcasts packed buckets in a torch.distributed "
+            "group with the rollout actors: NCCL on GPUs, gloo on CPUs), 'auto': collective "
+            "when the learner and the rollout actors have GPUs and zero_stage < 3"
+        ),
+    )
+    weight_sync_bucket_mb: float = Field(
+        256.0, gt=0, description="collective weight sync: bytes per broadcast bucket, in MiB"
+    )
