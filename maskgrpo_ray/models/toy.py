@@ -42,20 +42,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_SECTION = ToyModelConfig()  # the defaults of the settings that model.toy sets: kept there once
+
+
 @dataclass(frozen=True)
 class ToyModelSpec:
-    """Architecture and pre-training recipe of the toy policy (all plain numbers)."""
+    """Architecture and pre-training recipe of the toy policy (all plain numbers); the fields
+    that ``model.toy`` sets default to that section's defaults (:class:`ToyModelConfig`)."""
 
-    grid: int = 8
-    cell_px: int = 4
-    d_model: int = 96
-    layers: int = 3
-    heads: int = 4
+    grid: int = _SECTION.grid
+    cell_px: int = _SECTION.cell_px
+    d_model: int = _SECTION.d_model
+    layers: int = _SECTION.layers
+    heads: int = _SECTION.heads
     ff_mult: int = 2
-    pretrain_steps: int = 1200
-    pretrain_batch: int = 64
-    pretrain_lr: float = 1e-3
-    noise_prob: float = 0.5
+    pretrain_steps: int = _SECTION.pretrain_steps
+    pretrain_batch: int = _SECTION.pretrain_batch
+    pretrain_lr: float = _SECTION.pretrain_lr
+    noise_prob: float = _SECTION.noise_prob
     cond_dropout: float = 0.1
     seed: int = 0
 
@@ -221,18 +225,9 @@ def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
 
 
 def spec_from_config(t: ToyModelConfig) -> ToyModelSpec:
-    """The ``model.toy`` config section as a :class:`ToyModelSpec`."""
-    return ToyModelSpec(
-        grid=t.grid,
-        cell_px=t.cell_px,
-        d_model=t.d_model,
-        layers=t.layers,
-        heads=t.heads,
-        pretrain_steps=t.pretrain_steps,
-        pretrain_batch=t.pretrain_batch,
-        pretrain_lr=t.pretrain_lr,
-        noise_prob=t.noise_prob,
-    )
+    """The ``model.toy`` config section as a :class:`ToyModelSpec` (every field of the section
+    is a field of the spec, by the same name; the rest keep the spec's defaults)."""
+    return ToyModelSpec(**t.model_dump())
 
 
 def _build(model: ModelConfig, device: torch.device) -> ToyPolicy:
