@@ -9,13 +9,18 @@ run with the same values by construction.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
 
 from maskgrpo_ray.algo.estimators import ForwardSettings
-from maskgrpo_ray.config import Config, ModelConfig
+from maskgrpo_ray.config import Config, ModelConfig, RewardConfig, RolloutConfig
 from maskgrpo_ray.models.registry import reward_defaults
 from maskgrpo_ray.phases import LossGuards
 from maskgrpo_ray.rewards.base import RewardSpec
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
@@ -139,16 +144,32 @@ class RunSettings:
     reward_healing: PoolHealing
 
 
+_S = TypeVar("_S", bound="DataclassInstance")
+
+
+def _from_section(cls: type[_S], section: BaseModel, **derived: Any) -> _S:
+    """``cls`` (a settings dataclass) with every field that ``section`` has by the same name
+    copied from it, and the others from ``derived``; a field in neither is an error (no setting
+    falls back to a default silently)."""
+    names = [f.name for f in fields(cls)]
+    copied = {n: getattr(section, n) for n in names if n in type(section).model_fields}
+    missing = sorted(set(names) - set(copied) - set(derived))
+    if missing:
+        raise TypeError(f"{cls.__name__}: no value for {missing} from {type(section).__name__}")
+    return cls(**{**copied, **derived})
+
+
 def _forward_settings(cfg: Config) -> ForwardSettings | None:
     if cfg.likelihood.estimator != "forward":
         return None
     f = cfg.likelihood.forward
-    return ForwardSettings(
+    return _from_section(
+        ForwardSettings,
+        f,
         num_draws=f.mask_draws,
         ratio_min=f.mask_ratio_min,
         ratio_max=f.mask_ratio_max,
         ratio_rule=f.mask_ratios,
-        reduction=f.reduction,
     )
 
 
@@ -162,86 +183,96 @@ def resolve_weight_sync(cfg: Config) -> str:
     return "collective" if gpus and lc.zero_stage < 3 else "object_store"
 
 
-def settings_from_config(cfg: Config) -> RunSettings:
-    """Build every role's settings from the validated config (the one place that reads it)."""
-    r, t, e, lc = cfg.rollout, cfg.train, cfg.eval, cfg.learner
-    rollout = RolloutSettings(
+def _rollout_settings(cfg: Config) -> RolloutSettings:
+    r = cfg.rollout
+    return _from_section(
+        RolloutSettings,
+        r,
         group_size=r.samples_per_prompt,
         num_steps=r.unmasking_steps,
-        temperature=r.temperature,
-        gumbel_temperature=r.gumbel_temperature,
-        guidance_scale=r.guidance_scale,
-        transition=r.transition,
-        remask_likelihood=r.remask_likelihood,
-        sampler=r.sampler,
         forward=_forward_settings(cfg),
     )
-    evaluation = EvalSettings(
-        samples_per_prompt=e.samples_per_prompt,
+
+
+def _eval_settings(cfg: Config) -> EvalSettings:
+    """The evaluation sampler: ``eval``'s fields, each unset one the rollout's."""
+    e, r = cfg.eval, cfg.rollout
+    return _from_section(
+        EvalSettings,
+        e,
         num_steps=e.unmasking_steps or r.unmasking_steps,
-        guidance_scale=e.guidance_scale if e.guidance_scale is not None else r.guidance_scale,
+        guidance_scale=r.guidance_scale if e.guidance_scale is None else e.guidance_scale,
         temperature=r.temperature,
         gumbel_temperature=(
-            e.gumbel_temperature if e.gumbel_temperature is not None else r.gumbel_temperature
+            r.gumbel_temperature if e.gumbel_temperature is None else e.gumbel_temperature
         ),
-        seed=cfg.run.seed + 10_007,
+        seed=cfg.run.seed + 10_007,  # fixed, apart from the training streams
         sampler=e.sampler or r.sampler,
-        prompts_per_unit=e.prompts_per_unit,
     )
-    forward = rollout.forward
-    update = UpdateSettings(
-        num_steps=forward.num_draws if forward is not None else r.unmasking_steps,
+
+
+def _update_settings(cfg: Config, forward: ForwardSettings | None) -> UpdateSettings:
+    t = cfg.train
+    return _from_section(
+        UpdateSettings,
+        t,
+        num_steps=forward.num_draws if forward is not None else cfg.rollout.unmasking_steps,
         step_selection=t.unmasking_step_selection,
         steps_trained=t.unmasking_steps_trained,
         micro_batch_pairs=t.micro_batch_pairs_per_gpu,
-        updates_per_batch=t.updates_per_batch,
-        clip_low=t.clip_low,
-        clip_high=t.clip_high,
-        kl_coef=t.kl_coef,
         guards=LossGuards(
             log_ratio_clamp=t.log_ratio_clamp or None,
             dual_clip=t.dual_clip or None,
             kl_clamp=t.kl_clamp or None,
             kl_normalization=t.kl_normalization,
         ),
-        grad_clip_norm=t.grad_clip_norm,
-        learning_rate=t.learning_rate,
-        warmup_updates=t.warmup_updates,
-        weight_decay=t.weight_decay,
-        adam_betas=t.adam_betas,
         seed=cfg.run.seed,
         cycle_units=forward is not None and cfg.likelihood.forward.draws_per_update == "one",
         autocast=cfg.learner.autocast,
     )
-    learner = LearnerSettings(
-        num_workers=lc.num_workers,
-        zero_stage=lc.zero_stage,
-        bf16=lc.bf16,
-        num_cpus_per_worker=lc.num_cpus_per_worker,
-        num_gpus_per_worker=lc.num_gpus_per_worker,
-        torch_threads_per_worker=lc.torch_threads_per_worker,
-        activation_checkpointing=lc.activation_checkpointing,
+
+
+def _learner_settings(cfg: Config) -> LearnerSettings:
+    return _from_section(
+        LearnerSettings,
+        cfg.learner,
         weight_sync=resolve_weight_sync(cfg),
-        weight_sync_bucket_bytes=int(lc.weight_sync_bucket_mb * (1 << 20)),
+        weight_sync_bucket_bytes=int(cfg.learner.weight_sync_bucket_mb * (1 << 20)),
         overlapped=cfg.rollout.max_policy_lag > 0,
     )
-    specs = []
-    for c in cfg.reward.components:
-        kwargs = {**reward_defaults(cfg.model, c.kind), **c.args}  # the model's, then c.args
-        specs.append(RewardSpec(kind=c.kind, weight=c.weight, kwargs=kwargs))
-    f = cfg.filter
+
+
+def _reward_settings(cfg: Config) -> RewardSettings:
+    """Each component's arguments: the model kind's defaults for it, then its own ``args``."""
+    return RewardSettings(
+        tuple(
+            RewardSpec(c.kind, c.weight, {**reward_defaults(cfg.model, c.kind), **c.args})
+            for c in cfg.reward.components
+        )
+    )
+
+
+def _healing(section: RolloutConfig | RewardConfig) -> PoolHealing:
+    return PoolHealing(section.max_restarts, section.call_timeout_seconds)
+
+
+def _resources(section: RolloutConfig | RewardConfig) -> ActorResources:
+    return ActorResources(section.num_cpus_per_actor, section.num_gpus_per_actor)
+
+
+def settings_from_config(cfg: Config) -> RunSettings:
+    """Build every role's settings from the validated config (the one place that reads it)."""
+    rollout = _rollout_settings(cfg)
     return RunSettings(
         model=cfg.model,
         rollout=rollout,
-        eval=evaluation,
-        update=update,
-        learner=learner,
-        reward=RewardSettings(tuple(specs)),
-        filter=FilterSettings(f.enabled, f.percentile, f.warmup_groups, f.max_history),
-        rollout_resources=ActorResources(r.num_cpus_per_actor, r.num_gpus_per_actor),
-        reward_resources=ActorResources(
-            cfg.reward.num_cpus_per_actor, cfg.reward.num_gpus_per_actor
-        ),
-        rollout_healing=PoolHealing(r.max_restarts, r.call_timeout_seconds),
-        reward_healing=PoolHealing(cfg.reward.max_restarts, cfg.reward.call_timeout_seconds),
+        eval=_eval_settings(cfg),
+        update=_update_settings(cfg, rollout.forward),
+        learner=_learner_settings(cfg),
+        reward=_reward_settings(cfg),
+        filter=_from_section(FilterSettings, cfg.filter),
+        rollout_resources=_resources(cfg.rollout),
+        reward_resources=_resources(cfg.reward),
+        rollout_healing=_healing(cfg.rollout),
+        reward_healing=_healing(cfg.reward),
     )
