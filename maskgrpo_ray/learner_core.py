@@ -5,7 +5,7 @@ The single-process trainer (``local.py``) and every DeepSpeed rank (``learner/wo
 DeepSpeed engine that averages gradients across ranks). What is trained in an update (the
 unmasking steps and the learning rate) is decided once by an :class:`UpdatePlanner`, in the
 single-process trainer or in the learner group's driver-side front, and is the same on every
-rank.
+rank. Each pass's gradients come from ``learner_loss.accumulate_gradients``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from maskgrpo_ray.algo.grpo import select_train_steps
+from maskgrpo_ray.learner_loss import accumulate_gradients
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.phases import accumulate_gradients
 from maskgrpo_ray.settings import UpdateSettings
 from maskgrpo_ray.types import TrainBatch
 

@@ -1,29 +1,28 @@
-"""The phases of one Mask-GRPO step as library functions (generate, score, filter, advantages,
-update). The single-process trainer calls them in a loop; the Ray actors wrap them
-one per actor method. Nothing here imports ray.
+"""The phases of one Mask-GRPO step before the update, as library functions (generate, score,
+filter, advantages). The single-process trainer calls them in a loop; the Ray actors wrap them
+one per actor method. The update is ``learner_core``'s. Nothing here imports ray.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from maskgrpo_ray.algo.estimators import (
     ForwardSettings,
-    PairQuery,
     focus_step_counts,
     forward_query,
     mask_counts,
-    trajectory_query,
 )
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.algo.grpo import group_advantages, group_std, grpo_loss
-from maskgrpo_ray.algo.sampling import rollout
+from maskgrpo_ray.algo.grpo import group_advantages, group_std
+from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
+from maskgrpo_ray.learner_loss import unit_log_probs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.types import (
@@ -57,23 +56,12 @@ def generate(
     """Roll out ``G`` samples for each of ``B`` prompts and cache the behaviour log-probs.
 
     ``forward`` None: the trajectory estimator (record the unmasking steps, ``old_logp [N, S]``
-    of the ``transition``). Otherwise the forward estimator: nothing per step is kept; each
-    sample gets a mask seed (drawn from ``generator``) and ``K`` mask sizes, and ``old_logp
-    [N, K]`` scores the re-masked final tokens under the same weights, through the same
-    :func:`unit_log_probs` the learner and the reference use.
+    of the ``transition``). Otherwise the forward estimator (:func:`_forward_units`).
     """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
-    n = cond.shape[0]
-    # the rollout state lives with the weights: a policy may tokenize on the CPU (Show-o
-    # does; ``conditioned`` moves the prefix), so ``cond.device`` says nothing about it
-    device = next(policy.parameters()).device
-    init = torch.full(
-        (n, policy.num_image_tokens), policy.mask_index, dtype=torch.long, device=device
-    )
-    focus = forward is not None and forward.ratio_rule == "step_focus"
     traj = rollout(
         policy.conditioned(cond, guidance_scale),
-        init,
+        _fully_masked(policy, cond.shape[0]),
         policy.codebook_size,
         num_steps=num_steps,
         temperature=temperature,
@@ -85,50 +73,9 @@ def generate(
         gumbel_anneal=policy.gumbel_anneal,
         sampler=sampler,
         record_likelihood=forward is None,
-        keep_predictions=focus,
+        keep_predictions=forward is not None and forward.ratio_rule == "step_focus",
     )
-    images = policy.decode_images(traj.final_tokens)
-    if forward is not None:
-        seeds = torch.randint(0, 2**62, (n,), generator=generator, device=device).cpu()
-        focus_counts = None
-        if focus:
-            assert traj.predictions is not None and traj.masked_before is not None
-            focus_counts = focus_step_counts(
-                traj.predictions, traj.final_tokens, traj.masked_before, forward.num_draws
-            ).cpu()
-        counts = mask_counts(seeds, forward, policy.num_image_tokens, focus_counts)  # [N, K]
-        old = []
-        for k in range(forward.num_draws):  # one forward pass per draw, all samples
-            query = forward_query(
-                traj.final_tokens,
-                seeds,
-                counts[:, k],
-                torch.full((n,), k),
-                policy.codebook_size,
-                forward.reduction,
-            )
-            old.append(unit_log_probs(policy, cond, guidance_scale, temperature, query))
-        return RolloutBatch(
-            prompts=list(prompts),
-            prompt_indices=list(prompt_indices),
-            group_size=group_size,
-            cond_ids=cond.cpu(),
-            final_tokens=traj.final_tokens.cpu(),
-            unmask_step=None,
-            old_logp=torch.stack(old, dim=1).float().cpu(),
-            sampled=None,
-            images=images.cpu(),
-            policy_version=policy_version,
-            transition=transition,
-            guidance_scale=guidance_scale,
-            temperature=temperature,
-            likelihood_tau=torch.zeros(forward.num_draws),
-            estimator="forward",
-            mask_seed=seeds,
-            mask_counts=counts,
-            forward_reduction=forward.reduction,
-        ).validate()
-    return RolloutBatch(
+    batch = RolloutBatch(
         prompts=list(prompts),
         prompt_indices=list(prompt_indices),
         group_size=group_size,
@@ -137,13 +84,74 @@ def generate(
         unmask_step=traj.unmask_step.cpu(),
         old_logp=traj.old_logp.cpu(),
         sampled=None if traj.sampled is None else traj.sampled.cpu(),
-        images=images.cpu(),
+        images=policy.decode_images(traj.final_tokens).cpu(),
         policy_version=policy_version,
         transition=transition,
         guidance_scale=guidance_scale,
         temperature=temperature,
         likelihood_tau=traj.likelihood_tau,
-    ).validate()
+    )
+    if forward is not None:
+        batch = _forward_units(policy, batch, cond, traj, forward, generator)
+    return batch.validate()
+
+
+def _fully_masked(policy: MaskedImagePolicy, n: int) -> torch.Tensor:
+    """The initial state: ``n`` images of mask tokens, long ``[N, L]`` on the policy's device.
+
+    The rollout state lives with the weights: a policy may tokenize on the CPU (Show-o does;
+    ``conditioned`` moves the prefix), so the condition's device says nothing about it.
+    """
+    device = next(policy.parameters()).device
+    return torch.full(
+        (n, policy.num_image_tokens), policy.mask_index, dtype=torch.long, device=device
+    )
+
+
+def _forward_units(
+    policy: MaskedImagePolicy,
+    batch: RolloutBatch,
+    cond: torch.Tensor,
+    traj: Trajectory,
+    forward: ForwardSettings,
+    generator: torch.Generator | None,
+) -> RolloutBatch:
+    """``batch`` under the forward estimator: nothing per step is kept; each sample gets a mask
+    seed (drawn from ``generator``) and ``K`` mask sizes, and ``old_logp [N, K]`` scores the
+    re-masked final tokens under the same weights, through the same :func:`unit_log_probs` the
+    learner and the reference use. ``cond``: the condition ids ``[N, P]``."""
+    n = cond.shape[0]
+    device = next(policy.parameters()).device
+    seeds = torch.randint(0, 2**62, (n,), generator=generator, device=device).cpu()
+    focus_counts = None
+    if forward.ratio_rule == "step_focus":
+        assert traj.predictions is not None and traj.masked_before is not None
+        focus_counts = focus_step_counts(
+            traj.predictions, traj.final_tokens, traj.masked_before, forward.num_draws
+        ).cpu()
+    counts = mask_counts(seeds, forward, policy.num_image_tokens, focus_counts)  # [N, K]
+    old = []
+    for k in range(forward.num_draws):  # one forward pass per draw, all samples
+        query = forward_query(
+            traj.final_tokens,
+            seeds,
+            counts[:, k],
+            torch.full((n,), k),
+            policy.codebook_size,
+            forward.reduction,
+        )
+        old.append(unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query))
+    return replace(
+        batch,
+        unmask_step=None,
+        old_logp=torch.stack(old, dim=1).float().cpu(),
+        sampled=None,
+        likelihood_tau=torch.zeros(forward.num_draws),
+        estimator="forward",
+        mask_seed=seeds,
+        mask_counts=counts,
+        forward_reduction=forward.reduction,
+    )
 
 
 REWARD_FAILURE_KINDS = ("raised", "nonfinite", "bad_shape")
@@ -307,183 +315,3 @@ def make_train_batch(
     if isinstance(rb, RolloutRefs):
         return TrainRefs(rb, adv)
     return TrainBatch.from_rollout(rb, adv)
-
-
-def pair_query(
-    batch: TrainBatch,
-    samples: torch.Tensor,
-    units: torch.Tensor,
-    codebook_size: int,
-    device: torch.device | str = "cpu",
-) -> PairQuery:
-    """The model input and scoring of (sample, unit) pairs under the batch's estimator, on
-    ``device``. A unit is an unmasking step (trajectory: the recorded state ``Y_t`` and the
-    rollout's transition definition) or a mask draw (forward: the final tokens re-masked by the
-    seeded mask, built on the CPU). ``samples`` and ``units`` are long ``[M]`` on the CPU."""
-    final = batch.final_tokens[samples].to(device)
-    if batch.estimator == "forward":
-        assert batch.mask_seed is not None and batch.mask_counts is not None
-        return forward_query(
-            final,
-            batch.mask_seed[samples],
-            batch.mask_counts[samples, units],
-            units,
-            codebook_size,
-            batch.forward_reduction,
-        )
-    assert batch.unmask_step is not None
-    sampled = batch.sampled[samples, units].to(device) if batch.sampled is not None else None
-    return trajectory_query(
-        final,
-        batch.unmask_step[samples].to(device),
-        units.to(device),
-        codebook_size,
-        batch.transition,
-        sampled=sampled,
-        gumbel_tau=batch.likelihood_tau[units].to(device),
-    )
-
-
-def unit_log_probs(
-    policy: MaskedImagePolicy,
-    cond_ids: torch.Tensor,
-    guidance_scale: float,
-    temperature: float,
-    query: PairQuery,
-) -> torch.Tensor:
-    """One forward pass of ``policy`` on the query's states, scored: float ``[M]``.
-
-    The one place a likelihood unit is evaluated: the rollout (old log-probs under the forward
-    estimator), the learner and the reference all call it, with the same guidance and
-    temperature.
-    """
-    device = next(policy.parameters()).device
-    logits = policy.conditioned(cond_ids.to(device), guidance_scale)(query.state.to(device))
-    return query.score(logits / temperature)
-
-
-def pair_log_probs(
-    policy: MaskedImagePolicy, batch: TrainBatch, samples: torch.Tensor, steps: torch.Tensor
-) -> torch.Tensor:
-    """Log-probs of (sample, unit) pairs in one forward: float ``[M]``.
-
-    Rebuilds each pair's input from the record and scores it under the policy's current weights
-    (same guidance and temperature as the rollout): the transition of unmasking step ``steps[m]``
-    (trajectory estimator) or the re-masked final tokens of mask draw ``steps[m]`` (forward).
-    """
-    device = next(policy.parameters()).device
-    query = pair_query(batch, samples, steps, policy.codebook_size, device)
-    return unit_log_probs(
-        policy, batch.cond_ids[samples], batch.guidance_scale, batch.temperature, query
-    )
-
-
-@dataclass(frozen=True)
-class LossGuards:
-    """Guards of the clipped objective (see ``algo.grpo.grpo_loss``); None turns one off.
-
-    The library defaults are the plain objective; the config's defaults (``train.*``) are the
-    recommended guards.
-    """
-
-    log_ratio_clamp: float | None = None
-    dual_clip: float | None = None
-    kl_clamp: float | None = None
-    kl_normalization: str = "per_transition"  # "per_token" | "per_transition"
-
-
-def abs_log_ratio_stats(abs_lr: torch.Tensor, steps: torch.Tensor) -> dict[str, float]:
-    """Spread of ``|log pi - log pi_old|`` over the update's pairs (float ``[M]``, steps
-    ``[M]``): mean, 90th percentile, max, and the unmasking step with the largest mean."""
-    if abs_lr.numel() == 0:
-        return {}
-    per_step = torch.zeros(int(steps.max()) + 1).index_add_(0, steps, abs_lr)
-    counts = torch.zeros_like(per_step).index_add_(0, steps, torch.ones_like(abs_lr))
-    per_step = per_step / counts.clamp(min=1)
-    return {
-        "abs_log_ratio_mean": float(abs_lr.mean()),
-        "abs_log_ratio_p90": float(torch.quantile(abs_lr.double(), 0.9)),
-        "abs_log_ratio_max": float(abs_lr.max()),
-        "abs_log_ratio_worst_step": float(per_step.argmax()),
-    }
-
-
-def train_pairs(batch: TrainBatch, train_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All (sample, step) pairs trained this update: long ``[M]`` each, sample-major."""
-    n = batch.num_samples
-    samples = torch.arange(n).repeat_interleave(len(train_steps))
-    steps = train_steps.repeat(n)
-    return samples, steps
-
-
-def accumulate_gradients(
-    policy: MaskedImagePolicy,
-    batch: TrainBatch,
-    *,
-    train_steps: torch.Tensor,
-    micro_batch: int,
-    clip_low: float,
-    clip_high: float,
-    kl_coef: float = 0.0,
-    ref_policy: MaskedImagePolicy | None = None,
-    backward: Any = None,
-    normalizer: float | None = None,
-    guards: LossGuards | None = None,
-    autocast: str = "off",
-) -> dict[str, float]:
-    """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
-
-    ``autocast="bf16"`` runs the policy's (and the reference's) forward under
-    ``torch.autocast`` in bfloat16 (weights, gradients and the loss stay float32; the
-    log-probabilities are cast back to float32 before the ratio).
-
-    The loss of each micro-batch is divided by the number of pairs of the whole update
-    (``normalizer``; default this batch's), so the accumulated gradient is that of the mean.
-    ``backward`` defaults to ``loss.backward()`` (a DeepSpeed engine passes its own).
-    Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over this
-    call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank).
-    """
-    guards = guards or LossGuards()
-    samples, steps = train_pairs(batch, train_steps)
-    total = float(normalizer if normalizer is not None else max(len(samples), 1))
-    sums = {"loss": 0.0, "ratio_mean": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "kl": 0.0}
-    abs_lr = []
-    for start in range(0, len(samples), micro_batch):
-        s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
-        query = pair_query(batch, s, t, policy.codebook_size, next(policy.parameters()).device)
-        cond = batch.cond_ids[s]
-        device = next(policy.parameters()).device
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-            logp = unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query)
-            ref = None
-            if ref_policy is not None and kl_coef > 0:
-                with torch.no_grad():  # the same states (and masks) as the policy's
-                    ref = unit_log_probs(
-                        ref_policy, cond, batch.guidance_scale, batch.temperature, query
-                    ).float()
-        logp = logp.float()
-        dev = logp.device
-        old = batch.old_logp[s, t].to(dev)
-        per_token = guards.kl_normalization == "per_token"
-        loss, m = grpo_loss(
-            logp,
-            old,
-            batch.advantages[s].to(dev),
-            clip_low=clip_low,
-            clip_high=clip_high,
-            ref_logp=ref,
-            kl_coef=kl_coef,
-            normalizer=total,
-            log_ratio_clamp=guards.log_ratio_clamp,
-            dual_clip=guards.dual_clip,
-            kl_clamp=guards.kl_clamp,
-            kl_num_tokens=query.num_tokens.to(dev) if per_token else None,
-        )
-        (backward or (lambda x: x.backward()))(loss)
-        abs_lr.append((logp.detach() - old).abs().float().cpu())
-        sums["loss"] += float(loss.detach())
-        for k in ("ratio_mean", "clip_frac", "dual_clip_frac", "kl"):
-            sums[k] += m[k] * len(s) / total
-    if abs_lr:
-        sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
-    return sums

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from maskgrpo_ray.algo.estimators import ForwardSettings
+from maskgrpo_ray.algo.grpo import LossGuards
 from maskgrpo_ray.config import Config, ModelConfig, RewardConfig, RolloutConfig
 from maskgrpo_ray.models.registry import reward_defaults
-from maskgrpo_ray.phases import LossGuards
 from maskgrpo_ray.rewards.base import RewardSpec
 
 if TYPE_CHECKING:

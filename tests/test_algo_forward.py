@@ -25,8 +25,9 @@ from maskgrpo_ray.algo.estimators import (
 )
 from maskgrpo_ray.algo.sampling import masked_share_before_steps, rollout
 from maskgrpo_ray.config import ConfigError, load_config
+from maskgrpo_ray.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import accumulate_gradients, generate, pair_log_probs, train_pairs
+from maskgrpo_ray.phases import generate
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import TrainBatch
 

@@ -249,8 +249,8 @@ def test_activation_checkpointing_knob_gives_the_same_update():
     import copy
 
     from maskgrpo_ray.learner_core import apply_activation_checkpointing
+    from maskgrpo_ray.learner_loss import accumulate_gradients
     from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-    from maskgrpo_ray.phases import accumulate_gradients
 
     base, batch = _train_batch()
     out = []
@@ -288,7 +288,7 @@ def test_bf16_autocast_update_is_close_to_float32():
     an AVX2-only one (the same machine's rounded-weights distance: 0.023)."""
     import copy
 
-    from maskgrpo_ray.phases import accumulate_gradients
+    from maskgrpo_ray.learner_loss import accumulate_gradients
 
     base, batch = _train_batch()
     rounded = copy.deepcopy(base)

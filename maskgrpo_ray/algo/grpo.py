@@ -5,6 +5,8 @@ Pure tensor math in the style of torchtune's GRPO loss: no config objects, no di
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 STEP_SELECTIONS: tuple[str, ...] = ("all", "first", "last", "random")
@@ -70,6 +72,20 @@ def k3_kl(
     if clamp is not None:
         d = d.clamp(-clamp, clamp)
     return torch.exp(d) - d - 1.0
+
+
+@dataclass(frozen=True)
+class LossGuards:
+    """Guards of the clipped objective (see :func:`grpo_loss`); None turns one off.
+
+    The library defaults are the plain objective; the config's defaults (``train.*``) are the
+    recommended guards.
+    """
+
+    log_ratio_clamp: float | None = None
+    dual_clip: float | None = None
+    kl_clamp: float | None = None
+    kl_normalization: str = "per_transition"  # "per_token" | "per_transition"
 
 
 def grpo_loss(
