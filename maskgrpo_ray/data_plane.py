@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.types import RolloutBatch, TrainBatch, tensor_nbytes
+from maskgrpo_ray.types import RolloutBatch, TrainBatch, shard_bounds, tensor_nbytes
 
 REF_BYTES = 100
 """Bytes a pickled object reference takes on the wire (its 28-byte id and its owner's address;
@@ -219,15 +219,18 @@ class TrainRefs:
         return self.rollout.group_size
 
     def shard(self, rank: int, world: int) -> tuple[ShardPlan, list[Any]]:
-        """Rank ``rank``'s plan and the chunk references it fetches: the same groups, in the
-        same order, as ``TrainBatch.shard(rank, world)`` of the assembled batch (round robin
-        over the kept groups). A rank without groups still gets one chunk (none of its groups)
-        so it can build an empty batch of the right kind."""
+        """Rank ``rank``'s plan and the chunk references it fetches: the same samples, in the
+        same order, as ``TrainBatch.shard(rank, world)`` of the assembled batch (a contiguous
+        range; the groups it touches are fetched, then cut to the range). A rank without
+        samples still gets one chunk (none of its groups) so it can build an empty batch of
+        the right kind."""
         g = self.group_size
+        start, stop = shard_bounds(self.num_samples, rank, world)
         order: list[tuple[int, int]] = [
             (pi, grp) for pi, p in enumerate(self.rollout.pieces) for grp in p.groups
         ]
-        mine = [i for i in range(len(order)) if i % world == rank]
+        first = start // g
+        mine = range(first, -(-stop // g)) if stop > start else range(0)
         pieces = self.rollout.pieces
         refs: list[Any] = []
         groups: list[tuple[int, ...]] = []
@@ -243,10 +246,14 @@ class TrainRefs:
         if not refs:
             refs, groups = [pieces[0].ref], [()]
             chunk_bytes = pieces[0].meta.tensor_bytes
-        rows = torch.tensor(mine, dtype=torch.long)
-        adv = self.advantages.view(-1, g)[rows].reshape(-1).clone()
+        adv = self.advantages[start:stop].clone()
         plan = ShardPlan(
-            tuple(groups), adv, self.rollout.policy_version, len(mine) * g, chunk_bytes
+            tuple(groups),
+            adv,
+            self.rollout.policy_version,
+            stop - start,
+            chunk_bytes,
+            start - first * g if stop > start else 0,
         )
         return plan, refs
 
@@ -261,13 +268,15 @@ class ShardPlan:
     policy_version: int  # the oldest version in the whole update (as the assembled batch had)
     num_samples: int  # n
     fetch_bytes: int = 0  # the chunks this rank fetches (tensor bytes)
+    row_offset: int = 0  # the rank's first sample within the fetched groups' samples
 
 
 def build_shard(plan: ShardPlan, batches: list[RolloutBatch]) -> TrainBatch:
     """A rank's ``TrainBatch`` from its plan and the chunks it fetched."""
     rb = assemble(batches, list(plan.groups))
-    tb = TrainBatch.from_rollout(rb, plan.advantages)
-    return replace(tb, policy_version=plan.policy_version)
+    tb = TrainBatch.from_rollout(rb, torch.zeros(rb.num_samples))
+    tb = tb.rows(plan.row_offset, plan.row_offset + plan.num_samples)
+    return replace(tb, advantages=plan.advantages, policy_version=plan.policy_version).validate()
 
 
 def fetch_shard(plan: ShardPlan, refs: list[Any]) -> TrainBatch:

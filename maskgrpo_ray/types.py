@@ -324,19 +324,30 @@ class TrainBatch:
         )
         return self
 
-    def shard(self, rank: int, world: int) -> TrainBatch:
-        """Whole groups for learner rank ``rank`` of ``world`` (round robin over groups)."""
-        groups = self.num_samples // self.group_size
-        keep = (torch.arange(groups) % world) == rank
-        rows = keep.repeat_interleave(self.group_size)
+    def rows(self, start: int, stop: int) -> TrainBatch:
+        """Samples ``start .. stop - 1`` (a learner rank's contiguous share)."""
+        r = slice(start, stop)
         return replace(
             self,
-            cond_ids=self.cond_ids[rows],
-            final_tokens=self.final_tokens[rows],
-            unmask_step=_rows(self.unmask_step, rows),
-            old_logp=self.old_logp[rows],
-            sampled=_rows(self.sampled, rows),
-            advantages=self.advantages[rows],
-            mask_seed=_rows(self.mask_seed, rows),
-            mask_counts=_rows(self.mask_counts, rows),
+            cond_ids=self.cond_ids[r],
+            final_tokens=self.final_tokens[r],
+            unmask_step=None if self.unmask_step is None else self.unmask_step[r],
+            old_logp=self.old_logp[r],
+            sampled=None if self.sampled is None else self.sampled[r],
+            advantages=self.advantages[r],
+            mask_seed=None if self.mask_seed is None else self.mask_seed[r],
+            mask_counts=None if self.mask_counts is None else self.mask_counts[r],
         )
+
+    def shard(self, rank: int, world: int) -> TrainBatch:
+        """Learner rank ``rank``'s share of ``world``: a contiguous, balanced range of samples
+        (:func:`shard_bounds`). Samples, not whole groups: the advantages are already computed,
+        so a group may span two ranks, and ``N`` samples spread over ``W`` ranks take
+        ``ceil(N / W)`` samples' time, not ``ceil(B / W)`` groups'."""
+        return self.rows(*shard_bounds(self.num_samples, rank, world))
+
+
+def shard_bounds(num_samples: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s samples ``[start, stop)`` of ``num_samples`` over ``world`` ranks:
+    contiguous, sizes differing by at most one."""
+    return rank * num_samples // world, (rank + 1) * num_samples // world

@@ -150,11 +150,14 @@ def test_rank_shards_equal_the_assembled_batch_shards(chunks, world, keep):
                 kept_versions.append(c.policy_version)
             at += len(c.prompts)
         assert shard.policy_version == min(kept_versions)
-        # a rank fetches each chunk holding one of its groups once, whole (when it has no
-        # group, the first chunk holding a kept group)
+        # a rank fetches each chunk holding one of its samples once, whole (when it has no
+        # sample, the first chunk holding a kept group); its samples are a contiguous range
         chunk_of = [ci for ci, c in enumerate(chunks) for _ in c.prompts]
         kept = [chunk_of[i] for i in range(len(keep)) if keep[i]]
-        mine = sorted({kept[j] for j in range(len(kept)) if j % world == rank}) or [kept[0]]
+        n = len(kept) * G
+        lo, hi = rank * n // world, (rank + 1) * n // world
+        assert shard.num_samples == hi - lo
+        mine = sorted({kept[s // G] for s in range(lo, hi)}) or [kept[0]]
         assert len(refs) == len(mine)
         assert plan.fetch_bytes == sum(RolloutMeta.of(chunks[c]).tensor_bytes for c in mine)
 
