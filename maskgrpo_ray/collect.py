@@ -176,17 +176,17 @@ class GroupSource:
         assert pending.done is not None
         return pending.done
 
-    def discard(self, pending: Pending | None, *, rewind: bool) -> None:
-        """Drop ``pending`` (waiting for its work to end). ``rewind``: its prompts go back to
-        the stream and the filter forgets its decisions on them, so a checkpoint taken now
-        resumes as if they had never been submitted."""
-        if pending is None:
-            return
-        if pending.future is not None:
-            with contextlib.suppress(Exception):  # its failure no longer matters
-                pending.future.result()
-        if rewind:
-            self.load_state_dict(pending.before)
+    def discard(self, pending: Pending | list[Pending] | None, *, rewind: bool) -> None:
+        """Drop submissions (waiting for their work to end). ``rewind``: their prompts go back
+        to the stream and the filter forgets its decisions on them (the oldest one's state
+        before it), so a checkpoint taken now resumes as if they had never been submitted."""
+        queue = [pending] if isinstance(pending, Pending) else list(pending or [])
+        for p in queue:
+            if p.future is not None:
+                with contextlib.suppress(Exception):  # its failure no longer matters
+                    p.future.result()
+        if rewind and queue:
+            self.load_state_dict(min(queue, key=lambda p: p.step).before)
 
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self.stream.state_dict(), "filter": self.work.filter_state()}

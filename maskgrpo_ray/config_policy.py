@@ -136,13 +136,15 @@ class RolloutConfig(Strict):
     max_policy_lag: int = Field(
         0,
         ge=0,
-        le=1,
+        le=2,
         description=(
             "asynchronous rollouts: 1 generates step k+1's rollouts with the weights before step "
             "k's update (one policy version behind; the cached old log-probs are the behaviour "
             "policy's, so the ratio is against them), except across a checkpoint: on Ray while "
             "the learner trains, on the local backend at once (the reference of the Ray run); "
-            "0: the synchronous loop"
+            "2: up to two steps ahead and the rollouts never wait for a weight sync (each chunk "
+            "records the version it used, at most 2 behind; not reproducible bit for bit on "
+            "Ray); 0: the synchronous loop"
         ),
     )
     max_restarts: int = Field(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +61,28 @@ def run_step(
     cfg: Config,
     step: int,
     source: GroupSource,
-    pending: Pending | None = None,
+    pending: list[Pending] | None = None,
     *,
-    ahead: bool = False,
-) -> tuple[StepOutcome, Pending | None]:
-    """One step's phases: this step's groups (``pending``, submitted by the step before, else
-    submitted now), the next step's submitted when ``ahead``, advantages, update, the wait for
-    the next step's rollouts (they use the weights before this update) and the weight sync.
-    Returns the step's outcome and the next step's submission (None unless ``ahead``)."""
+    ahead: int = 0,
+) -> tuple[StepOutcome, list[Pending]]:
+    """One step's phases: this step's groups (the oldest of ``pending``, submitted by an
+    earlier step, else submitted now), the next ``ahead`` steps' submissions topped up (their
+    rollouts run during this update), advantages, update, the weight sync and the step's
+    figures. With ``rollout.max_policy_lag`` 1 the sync first waits for the step submitted
+    ahead (its rollouts use exactly the weights before this update: the local backend's
+    reference); with a larger lag the rollouts never wait (each chunk records the version
+    it used, at most ``max_policy_lag`` behind). Returns the outcome and the submissions
+    still pending (oldest first)."""
     timer = PhaseTimer()
     t0 = time.perf_counter()
-    if pending is None:
-        pending = source.submit(step)
-    with timer("wait_collect"):  # lag 0: done in submit; lag 1: the rest of the background work
-        col = source.collect(pending)
-    nxt = source.submit(step + 1, ahead=True) if ahead else None
+    queue = list(pending or [])
+    current = queue.pop(0) if queue else source.submit(step)
+    if current.step != step:
+        raise RuntimeError(f"step {step} got the groups submitted for step {current.step}")
+    with timer("wait_collect"):  # lag 0: done in submit; lag > 0: the rest of the background work
+        col = source.collect(current)
+    last = queue[-1].step if queue else step
+    queue += [source.submit(j, ahead=True) for j in range(last + 1, step + ahead + 1)]
     row: dict[str, Any] = {"step": step, "policy_version": ex.policy_version}
     row.update(collected_figures(col))
     scored = col.kept if col.kept is not None else col.generated
@@ -93,8 +100,9 @@ def run_step(
     else:
         row["groups_trained"], row["prompts_trained"] = 0.0, []
         log.warning("step %d: no group survived scoring and filtering; update skipped", step)
-    with timer("wait_rollouts_ahead"):
-        source.wait(nxt)
+    if cfg.rollout.max_policy_lag == 1:  # lag 1 is exact: no rollout sees the new weights
+        with timer("wait_rollouts_ahead"):
+            source.wait(queue[-1] if queue else None)
     if col.kept is not None:
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
@@ -109,7 +117,7 @@ def run_step(
             row[k] += v
     n_samples = int(col.stats["groups_generated"]) * cfg.rollout.samples_per_prompt
     closing_figures(row, timer.seconds, time.perf_counter() - t0, n_samples)
-    return StepOutcome(row, scored, col.generated.reward_failures, grid), nxt
+    return StepOutcome(row, scored, col.generated.reward_failures, grid), queue
 
 
 @dataclass(frozen=True)
@@ -130,16 +138,19 @@ def _evaluate(ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, floa
     return ex.evaluate(eval_prompts)
 
 
-def _submit_ahead(cfg: Config, step: int, stop: Preemption) -> bool:
-    """Whether step ``step`` submits the next step's rollouts ahead: with
-    ``rollout.max_policy_lag`` > 0, not after the last step, not across a checkpoint (so a
-    checkpoint holds no rollout in flight, and a resume is the run it continues) and not once
-    a stop is requested."""
-    ck = cfg.run.checkpoint_every_steps
-    nxt = step + 1
-    if cfg.rollout.max_policy_lag == 0 or nxt >= cfg.train.steps or stop.requested:
-        return False
-    return not (ck and nxt % ck == 0)
+def steps_ahead(cfg: Config, step: int, stop: Preemption) -> int:
+    """How many steps after ``step`` may have their rollouts submitted during its update: up
+    to ``rollout.max_policy_lag``, never past the last step, never across a checkpoint (so a
+    checkpoint holds no rollout in flight and a resume is the run it continues), none once a
+    stop is requested."""
+    if stop.requested:
+        return 0
+    ck, n = cfg.run.checkpoint_every_steps, 0
+    for j in range(step + 1, step + cfg.rollout.max_policy_lag + 1):
+        if j >= cfg.train.steps or (ck and j % ck == 0):
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -153,14 +164,14 @@ class _Loop:
     eval_prompts: list[str] | EvalSet
     base: dict[str, float]
     totals: dict[str, float]
-    pending: Pending | None = None
+    pending: list[Pending] = field(default_factory=list)  # submitted steps, oldest first
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
-        pending, self.pending = self.pending, None
+        pending, self.pending = self.pending, []
         out, self.pending = run_step(
-            self.ex, cfg, step, self.source, pending, ahead=_submit_ahead(cfg, step, stop)
+            self.ex, cfg, step, self.source, pending, ahead=steps_ahead(cfg, step, stop)
         )
         row = out.row
         count_step(cfg, out, self.totals)
@@ -175,7 +186,7 @@ class _Loop:
 
     def drop_pending(self, *, rewind: bool) -> None:
         self.source.discard(self.pending, rewind=rewind)
-        self.pending = None
+        self.pending = []
 
 
 def _progress_bar(cfg: Config, start_step: int) -> Any:

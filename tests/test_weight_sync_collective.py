@@ -166,4 +166,4 @@ def test_config_resolves_and_refuses_weight_sync_and_async():
     # the local backend runs lag 1 too (the reference of the Ray run)
     load_config("configs/toy.yaml", ["rollout.max_policy_lag=1", "run.backend=local"])
     with pytest.raises(ConfigError, match="max_policy_lag"):
-        load_config("configs/toy.yaml", ["rollout.max_policy_lag=2"])
+        load_config("configs/toy.yaml", ["rollout.max_policy_lag=3"])
