@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="rollout actors wanted (>= 1)",
             )
+    from maskgrpo_ray import plan_cli
+
+    plan_cli.add_parser(sub)
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None)
     v.add_argument("--set", dest="overrides", action="append", default=[])
@@ -220,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         return control(args)
     if args.command == "config-docs":
         return config_docs(args.out)
+    if args.command == "plan":
+        from maskgrpo_ray import plan_cli
+
+        return plan_cli.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

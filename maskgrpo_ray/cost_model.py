@@ -1,0 +1,354 @@
+"""What a step costs on named accelerators: the FLOP model, cost profiles and the pipeline ideal.
+
+Everything here is arithmetic (no torch): the simulated accelerator (``model.kind: sim``,
+:mod:`maskgrpo_ray.models.sim`) sleeps for these seconds, ``maskgrpo plan`` recommends a
+rollout/learner split from them, and ``bench/bench_cluster_sim.py`` holds the measured pipeline
+to the ideal they imply. A figure from here is a *model* of a GPU, never a GPU measurement.
+
+Vocabulary: ``r`` and ``l`` are the GPU-seconds one image costs in rollout and in training;
+``R``, ``L`` and ``W`` are a step's rollout, learner and weight-sync seconds on a given split.
+
+* **FLOP model** (:class:`FlopModel`, also what ``bench/bench_gpu.py`` reports MFU against):
+  ``2 x matmul parameters x rows`` per forward plus the attention products
+  (``4 x layers x hidden x rows x keys``); a forward-backward pair is 3 forwards.
+* **Profiles** (:class:`CostProfile`): seconds per image per unmasking step (rollout), per
+  (sample, unit) pair forward+backward (learner), per image (reward), the synced weight bytes
+  and the sync bandwidth. The built-in ones (:data:`PROFILES`) are Show-o at 256 and 512 px on
+  an H100 at stated MFUs (``docs/simulation.md`` gives every number and its source); a user
+  writes their own in ``model.args.profile`` (a mapping of the same fields).
+* **Pipeline** (:func:`step_costs`, :func:`pipeline_ideal`, :func:`plan_split`): a step's
+  ``R = ceil(B / rollout GPUs) G S c_rollout`` (a prompt's group is one rollout actor's work),
+  ``L = ceil(N / learner GPUs) u c_pair`` (samples are spread evenly over learner ranks),
+  ``W = weight bytes / bandwidth``; synchronous steps take ``R + L + W``, asynchronous ones
+  ``max(R, L + W)``; no split of ``n`` GPUs beats the work-conserving ``n / (r + l)`` images/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from typing import Any
+
+# dense bf16 datasheet rates (FLOP/s); the first name that is part of a device's name wins
+PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+)
+
+
+def peak_bf16(device_name: str) -> float | None:
+    """The dense bf16 peak of the first :data:`PEAK_BF16` name contained in ``device_name``."""
+    for name, rate in PEAK_BF16:
+        if name.lower() in device_name.lower():
+            return rate
+    return None
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """Model FLOPs: 2 x matmul parameters x tokens per forward (attention products apart)."""
+
+    body_params: int  # the transformer layers' parameters: every text and image row
+    head_params: int  # lm_head's codebook columns: image-token rows only
+    text_len: int  # P
+    hidden: int
+    layers: int
+
+    def forward(self, image_len: int, samples: int, prefixes: int) -> float:
+        """``samples`` image passes of ``L + 2`` rows and ``prefixes`` text prefixes."""
+        image = self.body_params * (image_len + 2) + self.head_params * image_len
+        return 2.0 * (samples * image + prefixes * self.body_params * self.text_len)
+
+    def attention(self, image_len: int) -> float:
+        """Attention products of one image pass (QK^T and AV: 4 x rows x keys x hidden per
+        layer), which :meth:`forward` does not count."""
+        rows = image_len + 2
+        return 4.0 * self.layers * self.hidden * rows * (self.text_len + rows)
+
+    def attention_share(self, image_len: int) -> float:
+        """:meth:`attention` over the counted FLOPs of one image pass."""
+        return self.attention(image_len) / self.forward(image_len, 1, 0)
+
+    def image_pass(self, image_len: int) -> float:
+        """All FLOPs of one image pass (counted + attention), text prefix reused."""
+        return self.forward(image_len, 1, 0) + self.attention(image_len)
+
+
+# Show-o v1 (Phi-1.5 body, 24 layers of 2048): parameter counts summed from the full-size
+# checkpoint's key list (../shared/fixtures/showo_reference/showo_512_state_keys.json).
+SHOWO_FLOPS = FlopModel(
+    body_params=1_208_510_464, head_params=8192 * 2049, text_len=129, hidden=2048, layers=24
+)
+SHOWO_PARAMS = 1_448_176_770  # every tensor of the checkpoint (what a full weight sync moves)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Per-unit costs of one model on one accelerator (GPU-seconds), and its workload defaults.
+
+    The workload defaults (``prompts_per_step`` ... ``updates_per_batch``) are the paper's
+    setting the profile was made for; ``maskgrpo plan`` uses them unless told otherwise, a
+    training run uses its config's.
+    """
+
+    name: str
+    device: str
+    source: str  # how the numbers were obtained (FLOP model + MFU, or a measurement)
+    rollout_seconds_per_image_step: float  # one image, one unmasking step (CFG included)
+    rollout_batch_images: int  # the batch that figure holds at (a chunk's images)
+    learner_seconds_per_pair: float  # one (sample, unit) pair, forward + backward
+    reward_seconds_per_image: float
+    weight_bytes: int  # what a weight sync sends to each rollout actor
+    sync_bytes_per_second: float  # learner -> rollout bandwidth of the weight sync
+    image_px: int  # the image side the rollout decodes (data volumes)
+    image_tokens: int  # L
+    prompts_per_step: int = 16  # B
+    samples_per_prompt: int = 6  # G
+    unmasking_steps: int = 50  # S
+    estimator: str = "trajectory"  # "trajectory" (units: steps) | "forward" (mask draws)
+    mask_draws: int = 4  # K, forward estimator
+    updates_per_batch: int = 1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+                raise ValueError(
+                    f"cost profile {self.name!r}: {f.name}={v} must be > 0 (a cost, a size or "
+                    "a count); fix the profile"
+                )
+        if self.estimator not in ("trajectory", "forward"):
+            raise ValueError(
+                f"cost profile {self.name!r}: estimator={self.estimator!r} must be 'trajectory' "
+                "or 'forward'"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def showo_profile(
+    name: str,
+    image_px: int,
+    *,
+    estimator: str = "trajectory",
+    unmasking_steps: int,
+    updates_per_batch: int = 1,
+    rollout_mfu: float = 0.40,
+    learner_mfu: float = 0.35,
+    device: str = "H100 SXM",
+) -> CostProfile:
+    """Show-o at ``image_px`` on ``device`` from :data:`SHOWO_FLOPS` at the stated MFUs."""
+    tokens = (image_px // 16) ** 2
+    peak = peak_bf16(device)
+    if peak is None:
+        raise ValueError(f"no dense bf16 peak known for {device!r} (cost_model.PEAK_BF16)")
+    image_pass = SHOWO_FLOPS.image_pass(tokens)
+    # reward: CLIP ViT-H-14 at 224 px, ~632M image-tower params x 257 tokens x 2, at 30 % MFU
+    clip = 2.0 * 632e6 * 257
+    return CostProfile(
+        name=name,
+        device=device,
+        source=(
+            f"FLOP model (bench/bench_gpu.py, cost_model.SHOWO_FLOPS): {image_pass:.3g} FLOP per "
+            f"image pass at L={tokens} incl. attention; rollout {rollout_mfu:.0%} MFU (CFG 0, "
+            f"one pass per image-step), learner {learner_mfu:.0%} MFU (3 passes per pair), "
+            f"{device} bf16 peak {peak / 1e12:.0f} TFLOP/s; reward CLIP ViT-H-14 at 30% MFU; "
+            "weights: 1.448B params in bf16; sync 25 GB/s (NCCL broadcast, one node)"
+        ),
+        rollout_seconds_per_image_step=image_pass / (rollout_mfu * peak),
+        rollout_batch_images=12,
+        learner_seconds_per_pair=3.0 * image_pass / (learner_mfu * peak),
+        reward_seconds_per_image=clip / (0.30 * peak),
+        weight_bytes=2 * SHOWO_PARAMS,
+        sync_bytes_per_second=25e9,
+        image_px=image_px,
+        image_tokens=tokens,
+        unmasking_steps=unmasking_steps,
+        estimator=estimator,
+        updates_per_batch=updates_per_batch,
+    )
+
+
+PROFILES: dict[str, CostProfile] = {
+    p.name: p
+    for p in (
+        showo_profile("showo_512_h100", 512, unmasking_steps=50),
+        showo_profile(
+            "showo_512_h100_forward",
+            512,
+            estimator="forward",
+            unmasking_steps=50,
+            updates_per_batch=4,
+        ),
+        showo_profile("showo_256_h100", 256, unmasking_steps=18),
+        showo_profile(
+            "showo_256_h100_forward",
+            256,
+            estimator="forward",
+            unmasking_steps=18,
+            updates_per_batch=4,
+        ),
+    )
+}
+"""Built-in profiles by name (``docs/simulation.md`` states each number's source)."""
+
+
+def resolve_profile(spec: str | Mapping[str, Any]) -> CostProfile:
+    """A built-in profile by name, or a user's profile: a mapping of :class:`CostProfile`
+    fields, optionally ``base: <built-in name>`` to start from; a clear error names the field."""
+    if isinstance(spec, str):
+        if spec not in PROFILES:
+            raise ValueError(
+                f"model.args.profile={spec!r} is not a built-in cost profile; built-in: "
+                f"{', '.join(sorted(PROFILES))}; or give a mapping of its fields "
+                "(docs/simulation.md)"
+            )
+        return PROFILES[spec]
+    spec = dict(spec)
+    base_name = spec.pop("base", None)
+    known = {f.name for f in fields(CostProfile)}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ValueError(
+            f"model.args.profile: unknown field(s) {unknown}; a profile has {sorted(known)}"
+        )
+    if base_name is not None:
+        return replace(resolve_profile(str(base_name)), **spec)
+    missing = sorted(known - set(spec) - _DEFAULTED)
+    if missing:
+        raise ValueError(
+            f"model.args.profile: missing field(s) {missing}; give them, or 'base: "
+            f"<one of {', '.join(sorted(PROFILES))}>' to start from a built-in profile"
+        )
+    return CostProfile(**spec)
+
+
+_DEFAULTED = {f.name for f in fields(CostProfile) if f.default is not MISSING}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step does: ``B`` prompts of ``G`` samples, ``S`` unmasking steps, and the
+    (sample, unit) pairs trained per sample (``units x updates``)."""
+
+    prompts_per_step: int  # B
+    samples_per_prompt: int  # G
+    unmasking_steps: int  # S
+    units_per_sample: int  # trained units per pass: S x trained share, or K
+    updates_per_batch: int = 1
+
+    @property
+    def images(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def pairs_per_sample(self) -> int:
+        return self.units_per_sample * self.updates_per_batch
+
+    @staticmethod
+    def of_profile(p: CostProfile) -> Workload:
+        units = p.mask_draws if p.estimator == "forward" else p.unmasking_steps
+        return Workload(
+            p.prompts_per_step, p.samples_per_prompt, p.unmasking_steps, units, p.updates_per_batch
+        )
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """One step's seconds on a split (rollout GPUs, learner GPUs), and per-image GPU-seconds."""
+
+    rollout_gpus: int
+    learner_gpus: int
+    rollout_s: float  # R
+    learner_s: float  # L
+    sync_s: float  # W
+    reward_s: float  # the reward actors' seconds (beside R: they overlap the rollouts)
+    r: float  # rollout GPU-seconds per image
+    l: float  # learner GPU-seconds per image  # noqa: E741 - the issue's name
+    images: int  # trained per step (B x G)
+
+
+def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int) -> StepCosts:
+    """``R``, ``L``, ``W`` of one step on ``rollout_gpus`` + ``learner_gpus`` (see the module
+    docstring for the granularity: whole groups per rollout actor, samples per learner rank)."""
+    if rollout_gpus < 1 or learner_gpus < 1:
+        raise ValueError("a split needs at least one rollout and one learner GPU")
+    r = w.unmasking_steps * p.rollout_seconds_per_image_step
+    l_img = w.pairs_per_sample * p.learner_seconds_per_pair
+    prompts_per_gpu = math.ceil(w.prompts_per_step / rollout_gpus)
+    samples_per_rank = math.ceil(w.images / learner_gpus)
+    return StepCosts(
+        rollout_gpus=rollout_gpus,
+        learner_gpus=learner_gpus,
+        rollout_s=prompts_per_gpu * w.samples_per_prompt * r,
+        learner_s=samples_per_rank * l_img,
+        sync_s=p.weight_bytes / p.sync_bytes_per_second,
+        reward_s=w.images * p.reward_seconds_per_image,
+        r=r,
+        l=l_img,
+        images=w.images,
+    )
+
+
+@dataclass(frozen=True)
+class Ideal:
+    """Images per second a split can reach, and the work-conserving limit beside it."""
+
+    sync: float  # images / (R + L + W)
+    asynchronous: float  # images / max(R, L + W)
+    limit: float  # n / (r + l): every GPU busy all the time, any split
+    rollout_busy_async: float  # R / max(R, L + W)
+    learner_busy_async: float  # (L + W) / max(R, L + W)
+
+
+def pipeline_ideal(c: StepCosts) -> Ideal:
+    """The ideal throughputs of :func:`step_costs`' split (seconds are GPU seconds, unscaled)."""
+    images = c.images
+    busy = max(c.rollout_s, c.learner_s + c.sync_s)
+    n = c.rollout_gpus + c.learner_gpus
+    return Ideal(
+        sync=images / (c.rollout_s + c.learner_s + c.sync_s),
+        asynchronous=images / busy,
+        limit=n / (c.r + c.l),
+        rollout_busy_async=c.rollout_s / busy,
+        learner_busy_async=(c.learner_s + c.sync_s) / busy,
+    )
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    gpus: int
+    rollout_gpus: int
+    learner_gpus: int
+    asynchronous: bool
+    images_per_s: float
+    limit: float
+    costs: StepCosts
+    table: list[tuple[int, int, float]]  # every split: (rollout, learner, images/s)
+
+
+def plan_split(p: CostProfile, w: Workload, gpus: int, *, asynchronous: bool = True) -> SplitPlan:
+    """The rollout/learner split of ``gpus`` with the most images/s (ties: fewer rollout GPUs)."""
+    if gpus < 2:
+        raise ValueError(f"--gpus {gpus}: a split needs at least 2 GPUs (1 rollout, 1 learner)")
+    table = []
+    for nr in range(1, gpus):
+        ideal = pipeline_ideal(step_costs(p, w, nr, gpus - nr))
+        table.append((nr, gpus - nr, ideal.asynchronous if asynchronous else ideal.sync))
+    nr, nl, best = max(table, key=lambda t: (t[2], -t[0]))
+    return SplitPlan(
+        gpus,
+        nr,
+        nl,
+        asynchronous,
+        best,
+        pipeline_ideal(step_costs(p, w, nr, nl)).limit,
+        step_costs(p, w, nr, nl),
+        table,
+    )

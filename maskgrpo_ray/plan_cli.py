@@ -1,0 +1,122 @@
+"""``maskgrpo plan``: the rollout/learner split of N GPUs from a cost profile.
+
+    maskgrpo plan --profile showo_512_h100 --gpus 16
+    maskgrpo plan --model showo --resolution 512 --gpu A100 --gpus 16 --estimator forward
+
+Prints the recommended split, its predicted images/s and GPU busy fractions, every split's
+prediction, and the work-conserving limit ``n / (r + l)``, all from
+:mod:`maskgrpo_ray.cost_model` (the model ``bench/bench_cluster_sim.py`` checks against the
+simulated cluster). Predictions come from a FLOP model at stated MFUs: a plan, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+
+from maskgrpo_ray.cost_model import (
+    PROFILES,
+    CostProfile,
+    Workload,
+    pipeline_ideal,
+    plan_split,
+    showo_profile,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="recommend a rollout/learner GPU split from a cost profile")
+    p.add_argument("--profile", help=f"a built-in cost profile ({', '.join(sorted(PROFILES))})")
+    p.add_argument("--model", choices=["showo"], help="instead of --profile: the model ...")
+    p.add_argument("--resolution", type=int, choices=[256, 512], default=512, help="... its px")
+    p.add_argument("--gpu", default="H100", help="... and the GPU (H100, H200, A100, L40S)")
+    p.add_argument("--gpus", type=int, default=16, help="GPUs to split (rollout + learner)")
+    p.add_argument("--estimator", choices=["trajectory", "forward"], default=None)
+    p.add_argument("--prompts-per-step", type=int, default=None, help="B (default: profile's)")
+    p.add_argument("--sync", action="store_true", help="plan the synchronous loop (lag 0)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _profile(args: argparse.Namespace) -> CostProfile:
+    if args.profile is not None:
+        if args.profile not in PROFILES:
+            raise ValueError(
+                f"--profile {args.profile!r} is not a built-in profile; use one of "
+                f"{', '.join(sorted(PROFILES))}, or --model showo --resolution PX --gpu NAME"
+            )
+        p = PROFILES[args.profile]
+    elif args.model == "showo":
+        steps = 50 if args.resolution == 512 else 18
+        try:
+            p = showo_profile(
+                f"showo_{args.resolution}_{args.gpu.lower()}",
+                args.resolution,
+                unmasking_steps=steps,
+                device=args.gpu,
+            )
+        except ValueError as err:
+            raise ValueError(
+                f"--gpu {args.gpu!r}: no datasheet rate for it (known: H100, H200, A100, "
+                "L40S); pick one of those or write a profile (docs/simulation.md)"
+            ) from err
+    else:
+        raise ValueError("give --profile NAME, or --model showo --resolution PX --gpu NAME")
+    if args.estimator is not None and args.estimator != p.estimator:
+        p = replace(
+            p, estimator=args.estimator, updates_per_batch=4 if args.estimator == "forward" else 1
+        )
+    if args.prompts_per_step is not None:
+        p = replace(p, prompts_per_step=args.prompts_per_step)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profile = _profile(args)
+        work = Workload.of_profile(profile)
+        plan = plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+    except ValueError as err:
+        print(f"maskgrpo plan: {err}", file=sys.stderr)
+        return 2
+    ideal = pipeline_ideal(plan.costs)
+    c = plan.costs
+    if args.json:
+        out = {
+            "profile": profile.to_dict(),
+            "workload": asdict(work),
+            "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
+            "images_per_s": plan.images_per_s,
+            "work_conserving_limit": plan.limit,
+            "rollout_busy": ideal.rollout_busy_async,
+            "learner_busy": ideal.learner_busy_async,
+            "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    mode = "synchronous" if args.sync else "asynchronous (max_policy_lag >= 1)"
+    print(f"profile {profile.name} ({profile.device}; {profile.source})")
+    print(
+        f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
+        f"S={work.unmasking_steps}, {work.pairs_per_sample} trained pairs per sample "
+        f"({profile.estimator}); {mode}"
+    )
+    print(
+        f"per image: rollout r={c.r:.3f} GPU-s, learner l={c.l:.3f} GPU-s; weight sync "
+        f"W={c.sync_s:.3f} s per step"
+    )
+    print("\n| rollout | learner | predicted img/s | of limit |\n|---|---|---|---|")
+    for r, n, v in plan.table:
+        mark = "  <- recommended" if r == plan.rollout_gpus else ""
+        print(f"| {r} | {n} | {v:.2f} | {v / plan.limit:.3f} |{mark}")
+    print(
+        f"\nrecommended: {plan.rollout_gpus} rollout + {plan.learner_gpus} learner GPUs "
+        f"(rollout.num_actors={plan.rollout_gpus}, learner.num_workers={plan.learner_gpus}): "
+        f"{plan.images_per_s:.2f} img/s ({plan.images_per_s / args.gpus:.3f} img/GPU/s), "
+        f"R={c.rollout_s:.2f} s, L={c.learner_s:.2f} s per step; busy: rollout GPUs "
+        f"{ideal.rollout_busy_async:.2f}, learner GPUs {ideal.learner_busy_async:.2f} "
+        f"(asynchronous); work-conserving limit {plan.limit:.2f} img/s "
+        f"({plan.images_per_s / plan.limit:.3f} of it). A model, not a measurement."
+    )
+    return 0

@@ -1,0 +1,138 @@
+"""The cost model behind the simulated accelerator, ``maskgrpo plan`` and the cluster bench:
+FLOP counts from the checkpoint's shapes, profiles derived from them, the pipeline ideal and
+the planner's split (all arithmetic, derived here by hand)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from maskgrpo_ray.cli import main
+from maskgrpo_ray.cost_model import (
+    PROFILES,
+    SHOWO_FLOPS,
+    SHOWO_PARAMS,
+    CostProfile,
+    Workload,
+    peak_bf16,
+    pipeline_ideal,
+    plan_split,
+    resolve_profile,
+    step_costs,
+)
+
+KEYS = Path(__file__).parents[2] / "shared/fixtures/showo_reference/showo_512_state_keys.json"
+
+
+@pytest.mark.skipif(not KEYS.exists(), reason="needs ../shared/fixtures")
+def test_showo_parameter_counts_are_the_checkpoint_key_lists():
+    keys = json.loads(KEYS.read_text())
+    body = sum(
+        math.prod(v["shape"]) for k, v in keys.items() if ".layers." in k or "final_layernorm" in k
+    )
+    assert SHOWO_FLOPS.body_params == body
+    assert sum(math.prod(v["shape"]) for v in keys.values()) == SHOWO_PARAMS
+    assert SHOWO_FLOPS.head_params == 8192 * (2048 + 1)  # the codebook's lm_head columns + bias
+
+
+def test_image_pass_flops_by_hand():
+    # L = 1024: 2 x (body x 1026 rows + head x 1024) + attention 4 x 24 x 2048 x 1026 x 1155
+    f = SHOWO_FLOPS
+    counted = 2.0 * (1_208_510_464 * 1026 + 8192 * 2049 * 1024)
+    attention = 4.0 * 24 * 2048 * 1026 * (129 + 1026)
+    assert f.forward(1024, 1, 0) == pytest.approx(counted, rel=1e-12)
+    assert f.attention(1024) == pytest.approx(attention, rel=1e-12)
+    assert f.image_pass(1024) == pytest.approx(counted + attention, rel=1e-12)
+    assert f.attention_share(1024) == pytest.approx(attention / counted, rel=1e-12)
+
+
+def test_showo_512_profile_is_the_flop_model_at_its_stated_mfus():
+    p = PROFILES["showo_512_h100"]
+    peak = peak_bf16("NVIDIA H100 80GB HBM3")
+    assert peak == 989e12
+    one = SHOWO_FLOPS.image_pass(1024)
+    assert p.rollout_seconds_per_image_step == pytest.approx(one / (0.40 * peak), rel=1e-12)
+    assert p.learner_seconds_per_pair == pytest.approx(3 * one / (0.35 * peak), rel=1e-12)
+    assert p.weight_bytes == 2 * SHOWO_PARAMS  # bf16
+    assert "MFU" in p.source and p.image_tokens == 1024 and p.unmasking_steps == 50
+    # ~9e12 FLOPs per pair x 4800 pairs ~ 100 s on one H100 (gumbel_remasking.md's estimate)
+    assert 96 * 50 * p.learner_seconds_per_pair == pytest.approx(114, rel=0.1)
+
+
+def _profile(**kw) -> CostProfile:
+    base = dict(
+        name="hand",
+        device="test",
+        source="by hand",
+        rollout_seconds_per_image_step=0.01,
+        rollout_batch_images=12,
+        learner_seconds_per_pair=0.02,
+        reward_seconds_per_image=0.001,
+        weight_bytes=2_000_000_000,
+        sync_bytes_per_second=10e9,
+        image_px=512,
+        image_tokens=1024,
+    )
+    return CostProfile(**{**base, **kw})
+
+
+def test_step_costs_and_ideals_by_hand():
+    p = _profile()
+    w = Workload(prompts_per_step=16, samples_per_prompt=6, unmasking_steps=50, units_per_sample=25)
+    c = step_costs(p, w, rollout_gpus=5, learner_gpus=7)
+    # rollout: ceil(16 / 5) = 4 prompts x 6 images x 50 steps x 0.01 s = 12 s
+    assert c.rollout_s == pytest.approx(12.0)
+    # learner: ceil(96 / 7) = 14 samples x 25 pairs x 0.02 s = 7 s
+    assert c.learner_s == pytest.approx(7.0)
+    assert c.sync_s == pytest.approx(0.2)  # 2 GB at 10 GB/s
+    assert (c.r, c.l) == (pytest.approx(0.5), pytest.approx(0.5))
+    ideal = pipeline_ideal(c)
+    assert ideal.sync == pytest.approx(96 / (12 + 7 + 0.2))
+    assert ideal.asynchronous == pytest.approx(96 / 12)
+    assert ideal.limit == pytest.approx(12 / 1.0)  # n / (r + l)
+    assert ideal.learner_busy_async == pytest.approx(7.2 / 12)
+    assert ideal.asynchronous <= ideal.limit + 1e-9
+
+
+def test_plan_split_is_the_best_of_every_split():
+    p, w = PROFILES["showo_512_h100"], Workload.of_profile(PROFILES["showo_512_h100"])
+    plan = plan_split(p, w, 16)
+    brute = max(
+        (pipeline_ideal(step_costs(p, w, r, 16 - r)).asynchronous, -r) for r in range(1, 16)
+    )
+    assert plan.images_per_s == pytest.approx(brute[0]) and plan.rollout_gpus == -brute[1]
+    assert plan.rollout_gpus + plan.learner_gpus == 16
+    assert len(plan.table) == 15 and plan.images_per_s <= plan.limit
+    sync = plan_split(p, w, 16, asynchronous=False)
+    assert sync.images_per_s < plan.images_per_s  # R + L + W > max(R, L + W)
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        plan_split(p, w, 1)
+
+
+def test_user_profiles_resolve_or_name_what_is_wrong():
+    assert resolve_profile("showo_256_h100") is PROFILES["showo_256_h100"]
+    mine = resolve_profile({"base": "showo_512_h100", "learner_seconds_per_pair": 0.05})
+    assert mine.learner_seconds_per_pair == 0.05 and mine.image_px == 512
+    with pytest.raises(ValueError, match="not a built-in cost profile"):
+        resolve_profile("showo_1024_tpu")
+    with pytest.raises(ValueError, match="unknown field"):
+        resolve_profile({"base": "showo_512_h100", "flops": 1})
+    with pytest.raises(ValueError, match="missing field"):
+        resolve_profile({"name": "x", "device": "y"})
+    with pytest.raises(ValueError, match="must be > 0"):
+        resolve_profile({"base": "showo_512_h100", "weight_bytes": 0})
+
+
+def test_plan_cli_prints_the_split_and_refuses_unknown_gpus(capsys):
+    assert main(["plan", "--profile", "showo_512_h100", "--gpus", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recommended"] == {"rollout_gpus": 4, "learner_gpus": 12}
+    assert out["images_per_s"] <= out["work_conserving_limit"]
+    assert main(["plan", "--model", "showo", "--resolution", "256", "--gpu", "A100"]) == 0
+    assert "recommended:" in capsys.readouterr().out
+    assert main(["plan", "--model", "showo", "--gpu", "TPUv9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TPUv9" in err[0] and "H100" in err[0]
