@@ -22,6 +22,12 @@ def resolve_device(num_gpus: float) -> torch.device:
     ``torch.cuda.set_device`` and NCCL refuse an index-less ``cuda``."""
     if num_gpus > 0 and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
+    if num_gpus > 0:
+        log.warning(
+            "this actor holds %g GPU(s) but CUDA is not available here: it runs on the CPU "
+            "(expected only with logical GPUs, e.g. model.kind sim on a CPU machine)",
+            num_gpus,
+        )
     return torch.device("cpu")
 
 

@@ -86,6 +86,12 @@ class RunConfig(Strict):
     name: str = Field("toy", description="run name (run folder prefix, Ray control actor name)")
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS or a new local cluster")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray cluster")
+    num_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs of a new local Ray cluster (None: Ray counts them); on a machine "
+        "without CUDA they are logical, for model.kind sim (docs/simulation.md)",
+    )
     export_final_policy: bool = Field(
         True,
         description="write RUN_DIR/final_policy.safetensors (the trained tensors) when the run "

@@ -63,13 +63,18 @@ def resolve_address(cfg_address: str | None) -> str | None:
 
 
 def connect(
-    cfg_address: str | None, num_cpus: int | None = None, include_dashboard: bool | None = None
+    cfg_address: str | None,
+    num_cpus: int | None = None,
+    include_dashboard: bool | None = None,
+    num_gpus: int | None = None,
 ) -> ClusterHandle:
     """Join a running cluster or start a local loopback-only one; idempotent.
 
     Args:
         cfg_address: ``run.ray_address`` (``"auto"``, ``"127.0.0.1:6379"``, ...), or None.
         num_cpus: logical CPUs of a new local cluster (None: Ray counts the machine's).
+        num_gpus: GPUs of a new local cluster (None: Ray counts the machine's; logical ones
+            on a machine without them, for the simulated accelerator).
         include_dashboard: for a new local cluster (None: Ray's default, on if installed);
             the dashboard binds to 127.0.0.1 as well.
     """
@@ -84,8 +89,17 @@ def connect(
         ray.init(address=address)
         return ClusterHandle(address=address, started_local=False)
     force_loopback()
-    log.info("starting a local Ray cluster bound to 127.0.0.1 (num_cpus=%s)", num_cpus)
-    ray.init(num_cpus=num_cpus, include_dashboard=include_dashboard, dashboard_host="127.0.0.1")
+    log.info(
+        "starting a local Ray cluster bound to 127.0.0.1 (num_cpus=%s, num_gpus=%s)",
+        num_cpus,
+        num_gpus,
+    )
+    ray.init(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=include_dashboard,
+        dashboard_host="127.0.0.1",
+    )
     return ClusterHandle(address=None, started_local=True)
 
 

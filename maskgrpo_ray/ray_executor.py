@@ -75,7 +75,7 @@ class RayExecutor:
         self.run_seed, self.run_name = cfg.run.seed, cfg.run.name
         self.chunk_prompts, self.timeout_s = max(1, chunk_prompts), timeout_s
         self.cluster: ClusterHandle = connect(
-            cfg.run.ray_address, cfg.run.num_cpus, include_dashboard
+            cfg.run.ray_address, cfg.run.num_cpus, include_dashboard, cfg.run.num_gpus
         )
         self.metrics = process_metrics()
         self._warm_model_cache(cfg)

@@ -66,7 +66,11 @@ class ModelEntry:
 
 
 _MODELS: dict[str, ModelEntry] = {}
-_BUILTIN_MODELS = {"toy": "maskgrpo_ray.models.toy", "showo": "maskgrpo_ray.models.showo"}
+_BUILTIN_MODELS = {
+    "toy": "maskgrpo_ray.models.toy",
+    "showo": "maskgrpo_ray.models.showo",
+    "sim": "maskgrpo_ray.models.sim",  # a simulated accelerator (cost_model profiles)
+}
 """Built-in kinds -> the module that registers them when imported."""
 
 
