@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from maskgrpo_ray.rewards import base
+from maskgrpo_ray.rewards import base, weights
 from maskgrpo_ray.rewards.base import (
     CompositeReward,
     Reward,
@@ -132,7 +132,7 @@ def test_reward_stats_without_stats_is_empty():
 
 def test_hf_hub_offline_reads_the_environment(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert base.hf_hub_offline()
+    assert weights.hf_hub_offline()
 
 
 def _open_clip_pil(images, size=224):

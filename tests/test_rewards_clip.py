@@ -9,9 +9,9 @@ import pytest
 import torch
 from open_clip.pretrained import _pcfg
 
-from maskgrpo_ray.rewards.base import RewardWeightsMissingError
 from maskgrpo_ray.rewards.clip import ClipReward
 from maskgrpo_ray.rewards.tiny import register_tiny_clip
+from maskgrpo_ray.rewards.weights import RewardWeightsMissingError
 
 LONG = "a photo of " + "a red cat and a blue dog on a green tree, " * 12  # ~ 150 tokens
 PROMPTS = ["a red cat", "a red cat", "two blue dogs", LONG]

@@ -14,13 +14,14 @@ import torch
 from PIL import Image
 
 from maskgrpo_ray.rewards import _imagereward_compat as compat
-from maskgrpo_ray.rewards.base import RewardWeightsMissingError, build_reward
+from maskgrpo_ray.rewards.base import build_reward
 from maskgrpo_ray.rewards.imagereward import MAX_PROMPT_TOKENS, ImageRewardReward
 from maskgrpo_ray.rewards.tiny import (
     register_tiny_clip,
     spread_imagereward_head,
     tiny_imagereward_kwargs,
 )
+from maskgrpo_ray.rewards.weights import RewardWeightsMissingError
 
 LONG = "a photo of a red cat with two blue dogs on a green tree and a yellow car " * 3
 PROMPTS = ["a red cat", "a red cat", "two blue dogs", LONG]

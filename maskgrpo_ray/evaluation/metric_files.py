@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from maskgrpo_ray.evaluation.metric_spec import METRICS_DOCS, WHERE_FROM, MetricSpec
-from maskgrpo_ray.rewards.base import RewardWeightsMissingError
+from maskgrpo_ray.rewards.weights import RewardWeightsMissingError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -116,8 +116,8 @@ _HF_WEIGHT_FILES = (
 
 def _check_imagereward_tokenizer(spec: MetricSpec, where: str) -> None:
     """ImageReward's BERT tokenizer: ``args.tokenizer`` (a folder or a cached repo id)."""
-    from maskgrpo_ray.rewards.base import find_in_hf_cache
     from maskgrpo_ray.rewards.imagereward import TOKENIZER
+    from maskgrpo_ray.rewards.weights import find_in_hf_cache
 
     tokenizer = str(spec.args.get("tokenizer", TOKENIZER))
     found = (

@@ -13,7 +13,6 @@ use (see ``_BUILTIN_KIND_MODULES``), so ``import maskgrpo_ray.rewards`` stays li
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -24,12 +23,11 @@ __all__ = [
     "CompositeReward",
     "REWARD_REGISTRY",
     "Reward",
+    "ModelReward",
     "RewardSpec",
-    "RewardWeightsMissingError",
     "build_reward",
     "check_reward_inputs",
     "default_device",
-    "hf_hub_offline",
     "register_reward",
     "reward_stats",
 ]
@@ -46,56 +44,6 @@ class Reward(Protocol):
     name: str
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor: ...
-
-
-class RewardWeightsMissingError(FileNotFoundError):
-    """A reward model's weights (or tokenizer files) are not on this machine.
-
-    Raised when the reward is constructed, so that a reward actor fails at start, not after the
-    first rollout. The message names the missing file, where it was looked for, and how to
-    provide it.
-    """
-
-
-def hf_hub_offline() -> bool:
-    """True when the Hugging Face hub must not be contacted (``HF_HUB_OFFLINE`` set).
-
-    Reads the environment as well as ``huggingface_hub.constants``, which freezes the variable
-    when ``huggingface_hub`` is first imported.
-    """
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
-        return env
-    return env or bool(constants.HF_HUB_OFFLINE)
-
-
-def find_in_hf_cache(repo_id: str, filename: str, cache_dir: str | None = None) -> str | None:
-    """Path of ``filename`` of ``repo_id`` in the Hugging Face cache, or None if not cached."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
-    return found if isinstance(found, str) and os.path.isfile(found) else None
-
-
-def hf_cache_dir(cache_dir: str | None = None) -> str:
-    """The Hugging Face hub cache folder that a look-up with ``cache_dir`` uses."""
-    if cache_dir is not None:
-        return str(cache_dir)
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
-
-
-def missing_weights_message(what: str, file: str, looked_in: Sequence[str], how: str) -> str:
-    """The text of a :class:`RewardWeightsMissingError`: what, which file, where, and how to fix."""
-    places = "\n".join(f"  - {p}" for p in looked_in)
-    return (
-        f"{what}: file {file!r} not found.\nLooked in:\n{places}\nHow to provide it:\n"
-        f"{how}\n  - On a machine without internet set HF_HUB_OFFLINE=1 so that a missing file "
-        "fails at once instead of after network time-outs."
-    )
 
 
 def default_device(device: str | torch.device | None) -> torch.device:
@@ -119,6 +67,46 @@ def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
             f"need one prompt per image: {images.shape[0]} images, "
             f"{'a single str' if isinstance(prompts, str) else len(prompts)} prompts"
         )
+
+
+class ModelReward:
+    """What the rewards scored by a pretrained model (CLIP, ImageReward) share.
+
+    The device and dtype the model runs in (bf16 on CUDA, fp32 on the CPU), images per forward
+    pass, the input checks of the reward contract, and the cumulative counters behind
+    ``stats()``. A subclass calls :meth:`_setup` first in its constructor and scores a non-empty,
+    checked batch in :meth:`_score`.
+    """
+
+    name: str
+
+    def _setup(
+        self, name: str, device: str | torch.device | None, batch_size: int, preprocess: str
+    ) -> None:
+        if preprocess not in ("tensor", "pil"):
+            raise ValueError(f"preprocess must be 'tensor' or 'pil', got {preprocess!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.name, self.batch_size = name, batch_size
+        self.device = default_device(device)
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self._scored = 0  # prompts scored
+        self._truncated = 0  # of them, cut to the text tower's limit
+
+    @torch.inference_mode()
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        """Score ``images`` uint8 [N, H, W, 3] against ``prompts`` (N str) -> float32 [N] on CPU."""
+        check_reward_inputs(images, prompts)
+        if images.shape[0] == 0:
+            return torch.zeros(0)
+        return self._score(images, prompts)
+
+    def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters: prompts scored and prompts cut to the text tower's limit."""
+        return {"prompts_scored": float(self._scored), "prompts_truncated": float(self._truncated)}
 
 
 def reward_stats(reward: object) -> dict[str, float]:

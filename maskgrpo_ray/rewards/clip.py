@@ -22,16 +22,8 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.rewards.base import (
-    RewardWeightsMissingError,
-    check_reward_inputs,
-    default_device,
-    find_in_hf_cache,
-    hf_cache_dir,
-    hf_hub_offline,
-    missing_weights_message,
-    register_reward,
-)
+from maskgrpo_ray.rewards import weights
+from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import TENSOR_RESIZE_MODES, ImagePreprocess, pixels_from_uint8
 
 logger = logging.getLogger(__name__)
@@ -80,13 +72,11 @@ def resolve_clip_weights(
         if os.path.isfile(pretrained):
             return {"pretrained": pretrained}
         tags = open_clip.list_pretrained_tags_by_model(model_name)
-        raise RewardWeightsMissingError(
-            missing_weights_message(
-                f"CLIP reward {model_name}",
-                pretrained,
-                [os.path.abspath(pretrained), f"open_clip tags of {model_name}: {tags}"],
-                _HOW_FILE + " Or use one of the tags listed.",
-            )
+        raise weights.missing(
+            f"CLIP reward {model_name}",
+            pretrained,
+            [os.path.abspath(pretrained), f"open_clip tags of {model_name}: {tags}"],
+            _HOW_FILE + " Or use one of the tags listed.",
         )
     fields = set(PreprocessCfg.__dataclass_fields__)
     from_tag = {
@@ -96,11 +86,9 @@ def resolve_clip_weights(
     found, candidates, looked, how = _locate_tag_weights(tag_cfg, cache_dir)
     if found is not None:
         return {"pretrained": found, **from_tag}
-    if hf_hub_offline():
-        raise RewardWeightsMissingError(
-            missing_weights_message(
-                f"CLIP reward {model_name}/{pretrained}", " or ".join(candidates), looked, how
-            )
+    if weights.hf_hub_offline():
+        raise weights.missing(
+            f"CLIP reward {model_name}/{pretrained}", " or ".join(candidates), looked, how
         )
     return {"pretrained": pretrained}  # not cached, hub allowed: open_clip downloads it
 
@@ -115,25 +103,18 @@ def _check_model_folder(model_name: str, cache_dir: str | None) -> None:
         folder = model_name.split(":", 1)[1]
         config = os.path.join(folder, "open_clip_config.json")
         if not os.path.isfile(config):
-            raise RewardWeightsMissingError(
-                missing_weights_message("CLIP reward", "open_clip_config.json", [folder], how_file)
-            )
+            raise weights.missing("CLIP reward", "open_clip_config.json", [folder], how_file)
         return
     if model_name.startswith("hf-hub:"):
         repo_id = model_name.split(":", 1)[1]
-        if (
-            hf_hub_offline()
-            and find_in_hf_cache(repo_id, "open_clip_config.json", cache_dir) is None
-        ):
-            raise RewardWeightsMissingError(
-                missing_weights_message(
-                    "CLIP reward",
-                    f"{repo_id}/open_clip_config.json",
-                    [hf_cache_dir(cache_dir)],
-                    f"  - Fill the cache: `hf download {repo_id}` where there is internet, then "
-                    "copy the cache folder (HF_HOME / HF_HUB_CACHE) here.",
-                )
-            )
+        weights.hf_cached_file(
+            "CLIP reward",
+            repo_id,
+            "open_clip_config.json",
+            cache_dir,
+            f"  - Fill the cache: `hf download {repo_id}` where there is internet, then "
+            "copy the cache folder (HF_HOME / HF_HUB_CACHE) here.",
+        )
 
 
 def _locate_tag_weights(
@@ -148,9 +129,11 @@ def _locate_tag_weights(
         looked, how = candidates, how_file
     elif tag_cfg.get("hf_hub"):
         repo_id, files = _hf_weight_candidates(tag_cfg["hf_hub"])
-        found = next((p for f in files if (p := find_in_hf_cache(repo_id, f, cache_dir))), None)
+        found = next(
+            (p for f in files if (p := weights.find_in_hf_cache(repo_id, f, cache_dir))), None
+        )
         candidates = [f"{repo_id}/{f}" for f in files]
-        looked = [f"Hugging Face cache {hf_cache_dir(cache_dir)}"]
+        looked = [weights.hf_cache_place(cache_dir)]
         how = (
             f"  - Fill the cache: `hf download {repo_id} {files[-1]}` where there is internet, "
             "then copy the cache folder (HF_HOME / HF_HUB_CACHE) here.\n" + how_file
@@ -176,7 +159,7 @@ def _token_count(tokenizer: Any, text: str) -> int:
 
 
 @register_reward("clip", takes_device=True)
-class ClipReward:
+class ClipReward(ModelReward):
     """CLIP score of each image with its prompt, from any open_clip model.
 
     Args:
@@ -213,13 +196,8 @@ class ClipReward:
 
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-        if preprocess not in ("tensor", "pil"):
-            raise ValueError(f"preprocess must be 'tensor' or 'pil', got {preprocess!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.name, self.score_kind, self.batch_size = name, score, batch_size
-        self.device = default_device(device)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self._setup(name, device, batch_size, preprocess)
+        self.score_kind = score
         create_kwargs = resolve_clip_weights(model_name, pretrained, cache_dir)
         model = open_clip.create_model(model_name, cache_dir=cache_dir, **create_kwargs)
         self.model = model.eval().requires_grad_(False).to(self.device, self.dtype)
@@ -253,8 +231,6 @@ class ClipReward:
             if tensor_ok
             else None
         )
-        self._scored = 0
-        self._truncated = 0
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [N, H, W, 3] -> model input [N, 3, S, S] on the model's device and dtype."""
@@ -273,12 +249,8 @@ class ClipReward:
         }
         return sum(p in too_long for p in prompts)
 
-    @torch.inference_mode()
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        """Score ``images`` uint8 [N, H, W, 3] against ``prompts`` (N str) -> float32 [N] on CPU."""
-        check_reward_inputs(images, prompts)
-        if images.shape[0] == 0:
-            return torch.zeros(0)
+    def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        """``images`` uint8 [N, H, W, 3] (N > 0, checked) against ``prompts`` -> float32 [N]."""
         unique = list(dict.fromkeys(prompts))
         position = {p: i for i, p in enumerate(unique)}
         index = torch.tensor([position[p] for p in prompts], device=self.device)  # [N]
@@ -305,7 +277,3 @@ class ClipReward:
         if bias is not None:
             logits = logits + bias.float()
         return logits.reshape(-1).cpu()
-
-    def stats(self) -> dict[str, float]:
-        """Cumulative counters: prompts scored and prompts truncated to the text context."""
-        return {"prompts_scored": float(self._scored), "prompts_truncated": float(self._truncated)}

@@ -28,17 +28,9 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards._imagereward_compat import import_imagereward
-from maskgrpo_ray.rewards.base import (
-    RewardWeightsMissingError,
-    check_reward_inputs,
-    default_device,
-    find_in_hf_cache,
-    hf_cache_dir,
-    hf_hub_offline,
-    missing_weights_message,
-    register_reward,
-)
+from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import ImagePreprocess, pixels_from_uint8
 
 logger = logging.getLogger(__name__)
@@ -102,25 +94,23 @@ def resolve_checkpoint(
         local = os.path.join(root, CHECKPOINT_FILE)
         if os.path.isfile(local):
             return local
-        cached = find_in_hf_cache(HF_REPO, CHECKPOINT_FILE, cache_dir)
+        cached = weights.find_in_hf_cache(HF_REPO, CHECKPOINT_FILE, cache_dir)
         if cached is not None:
             return cached
-        if not hf_hub_offline():
+        if not weights.hf_hub_offline():
             from huggingface_hub import hf_hub_download
 
             try:
                 return hf_hub_download(HF_REPO, CHECKPOINT_FILE, cache_dir=cache_dir)
             except Exception as err:  # no network, hub down: say what to do instead
                 logger.warning("ImageReward download failed: %s", err)
-        looked = [local, f"Hugging Face cache {hf_cache_dir(cache_dir)} ({HF_REPO})"]
+        looked = [local, f"{weights.hf_cache_place(cache_dir)} ({HF_REPO})"]
     how = (
         f"  - Pass `checkpoint` = the path of {CHECKPOINT_FILE}, or\n"
         f"  - fill the cache: `hf download {HF_REPO} {CHECKPOINT_FILE}` where there is internet, "
         "then copy the cache folder (HF_HOME / HF_HUB_CACHE) here."
     )
-    raise RewardWeightsMissingError(
-        missing_weights_message("ImageReward reward", CHECKPOINT_FILE, looked, how)
-    )
+    raise weights.missing("ImageReward reward", CHECKPOINT_FILE, looked, how)
 
 
 def load_tokenizer(tokenizer: str, cache_dir: str | None = None) -> Any:
@@ -135,28 +125,23 @@ def load_tokenizer(tokenizer: str, cache_dir: str | None = None) -> Any:
 
     if os.path.isdir(tokenizer):
         if not os.path.isfile(os.path.join(tokenizer, "vocab.txt")):
-            raise RewardWeightsMissingError(
-                missing_weights_message(
-                    "ImageReward tokenizer",
-                    "vocab.txt",
-                    [tokenizer],
-                    "  - Point `tokenizer` at a folder with bert-base-uncased's vocab.txt.",
-                )
+            raise weights.missing(
+                "ImageReward tokenizer",
+                "vocab.txt",
+                [tokenizer],
+                "  - Point `tokenizer` at a folder with bert-base-uncased's vocab.txt.",
             )
         tok = BertTokenizer.from_pretrained(tokenizer)
     else:
-        cached = find_in_hf_cache(tokenizer, "vocab.txt", cache_dir)
-        if cached is None and hf_hub_offline():
-            raise RewardWeightsMissingError(
-                missing_weights_message(
-                    "ImageReward tokenizer",
-                    f"{tokenizer}/vocab.txt",
-                    [f"Hugging Face cache {hf_cache_dir(cache_dir)}"],
-                    f"  - Point `tokenizer` at a folder holding {tokenizer}'s vocab.txt, or\n"
-                    f"  - fill the cache: `hf download {tokenizer} vocab.txt tokenizer_config.json`"
-                    " where there is internet, then copy the cache folder here.",
-                )
-            )
+        cached = weights.hf_cached_file(
+            "ImageReward tokenizer",
+            tokenizer,
+            "vocab.txt",
+            cache_dir,
+            f"  - Point `tokenizer` at a folder holding {tokenizer}'s vocab.txt, or\n"
+            f"  - fill the cache: `hf download {tokenizer} vocab.txt tokenizer_config.json`"
+            " where there is internet, then copy the cache folder here.",
+        )
         tok = BertTokenizer.from_pretrained(
             tokenizer, cache_dir=cache_dir, local_files_only=cached is not None
         )
@@ -195,7 +180,7 @@ def _blip_builders(
 
 
 @register_reward("imagereward", takes_device=True)
-class ImageRewardReward:
+class ImageRewardReward(ModelReward):
     """ImageReward score of each image with its prompt.
 
     Args:
@@ -230,13 +215,8 @@ class ImageRewardReward:
         cache_dir: str | None = None,
         name: str = "imagereward",
     ) -> None:
-        if preprocess not in ("tensor", "pil"):
-            raise ValueError(f"preprocess must be 'tensor' or 'pil', got {preprocess!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.name, self.batch_size, self.preprocess = name, batch_size, preprocess
-        self.device = default_device(device)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self._setup(name, device, batch_size, preprocess)
+        self.preprocess = preprocess
         path = (
             None if checkpoint is None else resolve_checkpoint(checkpoint, download_root, cache_dir)
         )
@@ -249,8 +229,6 @@ class ImageRewardReward:
         self.model = self.model.eval().requires_grad_(False).to(self.device, self.dtype)
         self.model.device = self.device  # score_gard puts its image mask on model.device
         self.tensor_cfg = ImagePreprocess()  # = the package's _transform(224)
-        self._scored = 0
-        self._truncated = 0
 
     def _build(self, med_config: str | Mapping[str, Any] | None, vision: BlipVisionSpec | None):
         ir = import_imagereward()
@@ -294,12 +272,8 @@ class ImageRewardReward:
         lengths = self.tokenizer(list(prompts), truncation=False)["input_ids"]
         return sum(len(ids) > MAX_PROMPT_TOKENS for ids in lengths)
 
-    @torch.inference_mode()
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        """Score ``images`` uint8 [N, H, W, 3] against ``prompts`` (N str) -> float32 [N] on CPU."""
-        check_reward_inputs(images, prompts)
-        if images.shape[0] == 0:
-            return torch.zeros(0)
+    def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        """``images`` uint8 [N, H, W, 3] (N > 0, checked) against ``prompts`` -> float32 [N]."""
         truncated = self.count_truncated(prompts)
         if truncated and self._truncated == 0:
             logger.warning("ImageReward: prompts over %d tokens are cut", MAX_PROMPT_TOKENS)
@@ -319,7 +293,3 @@ class ImageRewardReward:
             scores.append(rewards.float().reshape(-1))
         self._scored += len(prompts)
         return torch.cat(scores).cpu()  # [N]
-
-    def stats(self) -> dict[str, float]:
-        """Cumulative counters: prompts scored and prompts cut to 35 tokens."""
-        return {"prompts_scored": float(self._scored), "prompts_truncated": float(self._truncated)}
