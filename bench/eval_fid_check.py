@@ -1,4 +1,4 @@
-"""Our FID/KID (``maskgrpo_ray.evaluation.metrics.FidKid``) against torch-fidelity's own
+"""Our FID/KID (``maskgrpo_ray.evaluation.fid.FidKid``) against torch-fidelity's own
 ``calculate_metrics`` on the same two folders of images, and the seconds each took.
 
     python bench/eval_fid_check.py RUN_DIR/eval/base/images RUN_DIR/eval/tuned/images \
