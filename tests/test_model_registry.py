@@ -133,7 +133,7 @@ def test_unknown_kind_is_a_config_error_naming_the_kinds():
     with pytest.raises(ConfigError) as err:
         load_config(TOY, ["model.kind=meissonic"])
     msg = str(err.value)
-    assert "model.kind='meissonic'" in msg and "showo, tiny_standin, toy" in msg
+    assert "model.kind='meissonic'" in msg and "showo, sim, tiny_standin, toy" in msg
     assert "register_model" in msg and "model.plugins" in msg
 
 
