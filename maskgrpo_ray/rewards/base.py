@@ -176,6 +176,7 @@ _BUILTIN_KIND_MODULES = {
     "imagereward": "maskgrpo_ray.rewards.imagereward",
     "toy_rules": "maskgrpo_ray.rewards.rules",
     "toy_geneval": "maskgrpo_ray.rewards.rules",
+    "sim_cost": "maskgrpo_ray.rewards.sim_cost",
 }
 
 
