@@ -1,7 +1,8 @@
 """The simulated accelerator (``model.kind: sim``): real tensors, the profile's time, the
-target's bytes x ``bytes_scale``. Timings are checked with a stated tolerance: a call lasts at
-least its simulated time (it sleeps until then) and at most that plus a slack for the tiny
-model's compute and the scheduler (``SLACK``)."""
+target's bytes x ``bytes_scale``. What is tested is what cannot depend on the machine's load:
+the seconds the clock charges (exact: the profile's formula) and that a call lasts at least its
+simulated time (it sleeps until then). How far a loaded machine overruns it is a benchmark's
+figure (``bench/bench_cluster_sim.py`` prints the clock's overrun), never a timed test."""
 
 from __future__ import annotations
 
@@ -22,8 +23,6 @@ from maskgrpo_ray.rewards.base import build_reward
 
 TOY = Path(__file__).parents[1] / "configs" / "toy.yaml"
 SIM = Path(__file__).parents[1] / "configs" / "sim_showo512.yaml"
-SLACK = 0.25  # relative, plus SLACK_S: what a loaded 2-core machine adds to a sleep (the
-SLACK_S = 0.3  # tiny model's compute is inside the simulated time while it is shorter)
 
 # a profile with round numbers (seconds per unit, at time_scale 1)
 HAND = {
@@ -36,20 +35,12 @@ HAND = {
 }
 
 
-def _within(measured: float, simulated: float) -> None:
-    assert simulated <= measured <= simulated * (1 + SLACK) + SLACK_S, (measured, simulated)
-
-
-def _timed(call, simulated: float, repeats: int = 3) -> None:
-    """Every repeat lasts at least ``simulated``; the quickest at most the tolerance above it
-    (a loaded machine wakes a sleeper late now and then: scheduler noise only adds)."""
-    seconds = []
+def _timed(call, simulated: float, repeats: int = 2) -> None:
+    """Every repeat lasts at least ``simulated`` (the clock sleeps until then)."""
     for _ in range(repeats):
         t0 = time.perf_counter()
         call()
-        seconds.append(time.perf_counter() - t0)
-    assert min(seconds) >= simulated, (seconds, simulated)
-    _within(min(seconds), simulated)
+        assert time.perf_counter() - t0 >= simulated
 
 
 def _policy(time_scale: float = 1.0, bytes_scale: float = 0.01) -> SimPolicy:
@@ -60,24 +51,24 @@ def _policy(time_scale: float = 1.0, bytes_scale: float = 0.01) -> SimPolicy:
 
 
 def test_a_rollout_call_lasts_images_times_the_profile_and_a_learner_call_pairs_times_it():
-    pol = _policy(time_scale=12.0)  # calls of about 0.4 s
+    pol = _policy(time_scale=2.0)  # calls of about 0.06 s
     cond = pol.tokenize(["one red dot on the left"] * 8)
     fn = pol.conditioned(cond)
     tokens = torch.full((8, 16), pol.mask_index)
     with torch.no_grad():
         pol.toy.conditioned(cond)(tokens)  # warm-up: torch's first call initialises kernels
-        _timed(lambda: fn(tokens), 8 * 0.004 * 12.0)  # 8 images, one unmasking step
+        _timed(lambda: fn(tokens), 8 * 0.004 * 2.0)  # 8 images, one unmasking step
         assert fn(tokens).shape == (8, 16, pol.codebook_size)
     # gradient on: a learner pass over 8 (sample, unit) pairs (the backward's time is in it)
-    _timed(lambda: fn(tokens), 8 * 0.003 * 12.0)
+    _timed(lambda: fn(tokens), 8 * 0.003 * 2.0)
     logits = fn(tokens)
     logits.sum().backward()
     assert pol.ballast.grad is not None and not pol.ballast.grad.any()  # all-reduced, zero
     # the values are the tiny model's own: the simulation adds time, never changes numbers
     with torch.no_grad():
         assert torch.equal(fn(tokens), pol.toy.conditioned(cond)(tokens))
-    # 5 no-grad calls of 8 images, 4 gradient calls of 8 pairs
-    assert pol.clock.simulated_s == pytest.approx(5 * 8 * 0.004 + 4 * 8 * 0.003)
+    # 4 no-grad calls of 8 images, 3 gradient calls of 8 pairs (charged unscaled)
+    assert pol.clock.simulated_s == pytest.approx(4 * 8 * 0.004 + 3 * 8 * 0.003)
 
 
 def test_trained_bytes_and_images_follow_bytes_scale():
@@ -96,7 +87,7 @@ def test_a_weight_load_lasts_the_sync_time():
     state = {k: v.clone() for k, v in pol.state_dict().items()}
     _timed(lambda: pol.load_state_dict(state, strict=False), 40e6 / 400e6)  # bytes / bandwidth
     charged = pol.clock.simulated_s
-    assert charged == pytest.approx(3 * 0.1)
+    assert charged == pytest.approx(2 * 0.1)
     pol.load_state_dict({k: v for k, v in state.items() if k != "ballast"}, strict=False)
     assert pol.clock.simulated_s == charged  # not a weight sync: no simulated time
 
@@ -144,8 +135,8 @@ def test_config_errors_name_the_sim_fields(tmp_path):
 
 def test_a_local_step_takes_the_profiles_time(tmp_path, monkeypatch):
     """One process (the reference), B = 4 prompts of G = 2, S = 8 steps, every step trained,
-    no filter: the collection lasts N S c_rollout + N c_reward and the update
-    N S c_pair, at time_scale 1 (the tolerance: ``SLACK``)."""
+    no filter: the collection lasts at least N S c_rollout + N c_reward and the update at least
+    N S c_pair, at time_scale 1."""
     tree = _sim_tree(
         train__prompts_per_step=4,
         train__steps=2,
@@ -160,8 +151,9 @@ def test_a_local_step_takes_the_profiles_time(tmp_path, monkeypatch):
     assert main([*args, "--run-dir", str(run), "--set", "logging.progress_bar=false"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     n, s = 8, 8
-    _within(min(r["time/generate_score"] for r in rows), n * s * 0.004 + n * 0.002)
-    _within(min(r["time/update"] for r in rows), n * s * 0.003)
+    assert len(rows) == 2
+    assert min(r["time/generate_score"] for r in rows) >= n * s * 0.004 + n * 0.002
+    assert min(r["time/update"] for r in rows) >= n * s * 0.003
 
 
 def test_the_clock_holds_a_call_to_its_simulated_time_and_counts_overruns():
