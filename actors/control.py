@@ -9,6 +9,8 @@ from typing import Any
 
 import ray
 
+from maskgrpo_ray.actors.base import ActorProcess
+
 NAMESPACE = "maskgrpo"
 
 
@@ -16,13 +18,10 @@ def control_name(run_name: str) -> str:
     return f"maskgrpo-control:{run_name}"
 
 
-class ControlActor:
+class ControlActor(ActorProcess):
     def __init__(self) -> None:
         self.requested_rollout_actors: int | None = None
         self.status: dict[str, Any] = {}
-
-    def ready(self) -> bool:
-        return True
 
     def request_rollout_actors(self, n: int) -> dict[str, Any]:
         """Ask for ``n`` rollout actors from the next step on; returns the current status."""

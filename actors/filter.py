@@ -7,26 +7,23 @@ that decides the same groups, to restart a dead filter actor with its history.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ray
 import torch
 
+from maskgrpo_ray.actors.base import ActorProcess
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.build import build_filter
 from maskgrpo_ray.phases import FilterResult, filter_rewards
 from maskgrpo_ray.settings import FilterSettings
 
 
-class FilterActor:
+class FilterActor(ActorProcess):
     def __init__(self, settings: FilterSettings) -> None:
         self.filt: StdHistoryFilter | None = build_filter(settings)
         self.batches = 0
         self.groups_kept = 0
-
-    def ready(self) -> bool:
-        return True
 
     def filter(self, rewards: torch.Tensor, group_size: int) -> FilterResult:
         """Keep / drop / invalid per group of ``rewards [N]`` (records every valid group's std).
@@ -36,9 +33,6 @@ class FilterActor:
         self.batches += 1
         self.groups_kept += int(res.keep.sum())
         return res
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def stats(self) -> dict[str, float]:
         """Drop rate, threshold and history (cumulative), and groups kept (effective batch)."""

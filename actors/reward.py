@@ -9,13 +9,12 @@ skipped as invalid by the filter phase, logs them, and counts them per component
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Any
 
 import ray
 import torch
 
+from maskgrpo_ray.actors.base import PoolActor
 from maskgrpo_ray.build import build_reward_from_settings, resolve_device
 from maskgrpo_ray.phases import reward_failure_metrics, score_rewards
 from maskgrpo_ray.ray_cluster import apply_env_defaults
@@ -25,7 +24,7 @@ from maskgrpo_ray.settings import RewardSettings
 from maskgrpo_ray.types import RewardResult, RolloutBatch, merge_reward_failures
 
 
-class RewardActor:
+class RewardActor(PoolActor):
     """One reward model replica (CPU share or a GPU, from the config).
 
     Args:
@@ -43,26 +42,12 @@ class RewardActor:
         reward: Reward | None = None,
     ) -> None:
         apply_env_defaults()
-        self.actor_id = actor_id
+        super().__init__(actor_id)
         if reward is None:
             reward = build_reward_from_settings(settings, resolve_device(num_gpus))
         self.reward = reward
         self.batches = 0
         self.failures: dict[str, dict[str, int]] = {}
-        self.prompt_meta: dict[str, Any] | None = None
-
-    def set_prompt_metadata(self, table: dict[str, Any]) -> int:
-        """Prompt text -> its metadata (the prompt files' other fields), for reward components
-        that read it (``uses_prompt_metadata``); returns the number of prompts."""
-        self.prompt_meta = table
-        return len(table)
-
-    def ready(self) -> int:
-        return self.actor_id
-
-    def pid(self) -> int:
-        """The actor's process id (what an operator or a fault drill signals)."""
-        return os.getpid()
 
     def score(self, batch: RolloutBatch, images: torch.Tensor | None = None) -> RewardResult:
         """The rollout's rewards (the rollout itself is not sent back). ``images``: the images

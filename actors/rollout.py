@@ -8,26 +8,26 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import ray
 import torch
 
+from maskgrpo_ray.actors.base import PoolActor
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
-from maskgrpo_ray.learner.collective import Channel, TensorMeta
 from maskgrpo_ray.phases import generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
 from maskgrpo_ray.types import RolloutBatch
+from maskgrpo_ray.weight_transfer import Channel, TensorMeta
 
 
-class RolloutActor:
+class RolloutActor(PoolActor):
     """One policy replica. Resources (CPU share, GPU) are set by ``.options`` from the config.
 
     Args:
@@ -49,27 +49,14 @@ class RolloutActor:
         actor_id: int,
     ) -> None:
         apply_env_defaults()
+        super().__init__(actor_id)
         self.rollout, self.evaluation, self.reward_settings = rollout, evaluation, reward
-        self.actor_id = actor_id
         self.device = resolve_device(num_gpus)
         self.policy = build_policy(model, self.device).eval()
         self.version = 0
         self.chunks = 0
         self._eval_reward: Any = None
         self._sync: Any = None  # a Channel once the run uses the collective weight sync
-        self.prompt_meta: dict[str, Any] | None = None
-
-    def set_prompt_metadata(self, table: dict[str, Any]) -> int:
-        """Prompt text -> its metadata, for the evaluation's reward (``eval_unit``)."""
-        self.prompt_meta = table
-        return len(table)
-
-    def ready(self) -> int:
-        return self.actor_id
-
-    def pid(self) -> int:
-        """The actor's process id (what an operator or a fault drill signals)."""
-        return os.getpid()
 
     def check_prompts(self, prompts: list[str]) -> list[str | None]:
         """Per prompt: None if the policy can read it, else the reason (a ValueError's text)."""
@@ -92,8 +79,8 @@ class RolloutActor:
         bucket_bytes: int,
         timeout_s: float,
     ) -> int:
-        """Join a collective weight-sync group (``learner/collective.py``) as ``rank``; blocks
-        until every member has joined. Replaces (closes) any earlier group."""
+        """Join a collective weight-sync group (``maskgrpo_ray/weight_transfer.py``) as
+        ``rank``; blocks until every member has joined. Replaces (closes) any earlier group."""
         if self._sync is not None:
             self._sync.close()
         self._sync = Channel(host, port, rank, world, self.device, metas, bucket_bytes, timeout_s)

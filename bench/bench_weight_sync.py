@@ -10,8 +10,9 @@ shapes. Per size, in the same process and cluster:
 * ``object_store``: what ``ObjectStoreSync`` does: the sender returns its tensors (one object in
   the store), every receiver fetches that object and copies it into its tensors;
 * ``collective``: what ``CollectiveSync`` does: the sender and the receivers in one gloo group
-  (``learner/collective.py``, the same ``Channel``), the tensors packed into ``--bucket-mb``
-  buckets and broadcast; the group is formed once, outside the timing, as in a run.
+  (``maskgrpo_ray/weight_transfer.py``, the same ``Channel``), the tensors packed into
+  ``--bucket-mb`` buckets and broadcast; the group is formed once, outside the timing, as in a
+  run.
 
 Reported: seconds per sync (median of ``--repeats``, every receiver holding the new values),
 GB/s = bytes per receiver / seconds, and collective / object-store speed. On a GPU cluster the
@@ -29,7 +30,7 @@ from pathlib import Path
 import ray
 import torch
 
-from maskgrpo_ray.learner.collective import Channel, TensorMeta, open_store, tensor_metas
+from maskgrpo_ray.weight_transfer import Channel, TensorMeta, open_store, tensor_metas
 
 ROOT = Path(__file__).resolve().parents[1]
 TENSOR_MB = 4

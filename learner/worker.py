@@ -24,16 +24,10 @@ from typing import Any
 import ray
 import torch
 
+from maskgrpo_ray.actors.base import ActorProcess
 from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
-from maskgrpo_ray.learner.collective import (
-    Channel,
-    TensorMeta,
-    is_loopback,
-    open_store,
-    tensor_metas,
-)
 from maskgrpo_ray.learner_core import (
     UpdatePlan,
     apply_activation_checkpointing,
@@ -47,6 +41,13 @@ from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
 from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.weight_transfer import (
+    Channel,
+    TensorMeta,
+    is_loopback,
+    open_store,
+    tensor_metas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class DeepSpeedOptimizing:
         return None if norm is None else float(norm)
 
 
-class LearnerWorker:
+class LearnerWorker(ActorProcess):
     """Rank ``rank`` of ``world_size``. ``setup`` joins the process group and builds DeepSpeed."""
 
     def __init__(
@@ -330,10 +331,6 @@ class LearnerWorker:
 
     def ping(self) -> int:
         return self.rank
-
-    def pid(self) -> int:
-        """The rank's process id (what an operator or a fault drill signals)."""
-        return os.getpid()
 
     def shutdown(self) -> None:
         """Leave the process group cleanly (a barrier first, or gloo may abort)."""

@@ -212,35 +212,51 @@ def apply_update(
     opt.module.train()
     metrics: dict[str, Any] = {}
     first: dict[str, float] = {}
+    for i in range(s.updates_per_batch):
+        metrics = _optimizer_step(
+            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward
+        )
+        if i == 0:
+            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
+    opt.module.eval()
+    return {**metrics, **first, "learning_rate": plan.learning_rate}
+
+
+def _optimizer_step(
+    opt: Optimizing,
+    batch: TrainBatch,
+    units: torch.Tensor,
+    s: UpdateSettings,
+    ref_policy: MaskedImagePolicy | None,
+    normalizer: float | None,
+    num_backward: int,
+) -> dict[str, Any]:
+    """One pass over ``batch`` training ``units`` (long ``[K]``), padded to ``num_backward``
+    backward calls, and the optimizer step; the pass's metrics with ``grad_norm``."""
     calls = [0]
 
     def backward(loss: torch.Tensor) -> None:
         calls[0] += 1
         opt.backward(loss)
 
-    for i in range(s.updates_per_batch):
-        calls[0] = 0
-        opt.zero_grad()
-        metrics = accumulate_gradients(
-            opt.module,
-            batch,
-            train_steps=plan.units_for_pass(i),
-            micro_batch=s.micro_batch_pairs,
-            clip_low=s.clip_low,
-            clip_high=s.clip_high,
-            kl_coef=s.kl_coef,
-            ref_policy=ref_policy,
-            backward=backward,
-            normalizer=normalizer,
-            guards=s.guards,
-            autocast=s.autocast,
-        )
-        for _ in range(num_backward - calls[0]):
-            opt.pad_backward()
-        if i == 0:
-            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
-        norm = opt.step()
-        if norm is not None:
-            metrics["grad_norm"] = float(norm)
-    opt.module.eval()
-    return {**metrics, **first, "learning_rate": plan.learning_rate}
+    opt.zero_grad()
+    metrics: dict[str, Any] = accumulate_gradients(
+        opt.module,
+        batch,
+        train_steps=units,
+        micro_batch=s.micro_batch_pairs,
+        clip_low=s.clip_low,
+        clip_high=s.clip_high,
+        kl_coef=s.kl_coef,
+        ref_policy=ref_policy,
+        backward=backward,
+        normalizer=normalizer,
+        guards=s.guards,
+        autocast=s.autocast,
+    )
+    for _ in range(num_backward - calls[0]):
+        opt.pad_backward()
+    norm = opt.step()
+    if norm is not None:
+        metrics["grad_norm"] = float(norm)
+    return metrics

@@ -9,9 +9,10 @@ at most ``bucket_bytes`` (one dtype per bucket; a tensor larger than a bucket ge
 own) and each bucket is one broadcast: a few large messages instead of one per tensor, the known
 bottleneck of per-parameter broadcasts.
 
-The same :class:`Channel` runs on both sides; the learner sends (:meth:`Channel.send`), the
-rollout actors receive into their own tensors (:meth:`Channel.receive`). Nothing here imports
-Ray: the actors call it, ``learner/weight_sync.py`` orchestrates.
+The same :class:`Channel` runs on both sides, so it belongs to neither: learner rank 0
+(``learner/worker.py``) sends (:meth:`Channel.send`), the rollout actors (``actors/rollout.py``)
+receive into their own tensors (:meth:`Channel.receive`). Nothing here imports Ray: the actors
+call it, ``learner/weight_sync.py`` orchestrates.
 """
 
 from __future__ import annotations

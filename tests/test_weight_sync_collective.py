@@ -1,4 +1,4 @@
-"""learner/collective.py: bucket plan, pack/unpack, and a real two- and three-process gloo
+"""maskgrpo_ray/weight_transfer.py: bucket plan, pack/unpack, and a real two- and three-process gloo
 broadcast; on a Ray cluster (slow) the collective sync gives the rollout actors the learner's
 exact weights, as the object store does, and re-forms its group when an actor is lost."""
 
@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from maskgrpo_ray.learner.collective import (
+from maskgrpo_ray.weight_transfer import (
     Channel,
     TensorMeta,
     open_store,

@@ -1,0 +1,43 @@
+"""What the run's actors answer besides their work.
+
+:class:`ActorProcess`: a ping (``ready``) and the process id (``pid``), what a pool, the driver
+and the weight sync wait on and what an operator or a fault drill signals. :class:`PoolActor`
+adds what a member of a rollout or reward pool has: its id, and the prompts' metadata that the
+reward components with ``uses_prompt_metadata`` read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class ActorProcess:
+    """A ping and the process id, for any Ray actor of a run."""
+
+    def ready(self) -> bool:
+        """True once the actor is constructed (what starting an actor waits on)."""
+        return True
+
+    def pid(self) -> int:
+        """The actor's process id (what an operator or a fault drill signals)."""
+        return os.getpid()
+
+
+class PoolActor(ActorProcess):
+    """A member of a rollout or reward pool.
+
+    Args:
+        actor_id: the pool's id of this replica (a metrics tag).
+    """
+
+    def __init__(self, actor_id: int) -> None:
+        self.actor_id = actor_id
+        self.prompt_meta: dict[str, Any] | None = None
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> int:
+        """Prompt text -> its metadata (the prompt files' other fields, e.g. GenEval's ``tag``),
+        for the reward components that read it (``uses_prompt_metadata``); returns the number
+        of prompts."""
+        self.prompt_meta = table
+        return len(table)
