@@ -123,7 +123,10 @@ class GroupSource:
         stream: the prompt stream.
         prompts_per_step: ``train.prompts_per_step``.
         max_resamples: ``filter.max_resamples``.
-        chunk_prompts: prompts per chunk (the unit of rollout work and of seeding).
+        chunk_prompts: prompts per chunk (the unit of rollout work and of seeding); None: the
+            work's ``chunk_prompts`` when a step is submitted (on Ray it follows the rollout
+            actor count, so a pool scaled up mid-run gets smaller chunks and all its actors
+            work).
         run_seed: ``run.seed``.
         background: run a submission in a thread (the Ray backend, where the rollout actors
             hold the weights before the update until the sync); else at once, in ``submit``.
@@ -136,13 +139,13 @@ class GroupSource:
         *,
         prompts_per_step: int,
         max_resamples: int,
-        chunk_prompts: int,
+        chunk_prompts: int | None,
         run_seed: int,
         background: bool,
     ) -> None:
         self.work, self.stream = work, stream
         self.prompts_per_step, self.max_resamples = prompts_per_step, max_resamples
-        self.chunk_prompts, self.run_seed = max(1, chunk_prompts), run_seed
+        self.chunk_prompts, self.run_seed = chunk_prompts, run_seed
         self.background = background
         self._thread: ThreadPoolExecutor | None = None
 
@@ -211,15 +214,14 @@ class GroupSource:
         that was generated and scored); ``kept`` holds the groups that passed, in the order
         they passed."""
         timer, traffic = PhaseTimer(), Traffic()
+        size = max(1, self.chunk_prompts or self.work.chunk_prompts)
         kept_parts: list[ScoredBatch] = []
         all_parts: list[ScoredBatch] = []
         stats = dict.fromkeys(GROUP_STATS, 0.0)
         todo_prompts, todo_pos = prompts, positions
         for attempt in range(self.max_resamples + 1):
             with timer("generate_score"):
-                chunks = seeded_chunks(
-                    todo_prompts, todo_pos, self.chunk_prompts, self.run_seed, step, attempt
-                )
+                chunks = seeded_chunks(todo_prompts, todo_pos, size, self.run_seed, step, attempt)
                 scored = self.work.generate_and_score(chunks, traffic)
             all_parts.append(scored)
             with timer("filter"):

@@ -50,7 +50,7 @@ def make_source(ex: Executor, cfg: Config, stream: Any) -> GroupSource:
         stream,
         prompts_per_step=cfg.train.prompts_per_step,
         max_resamples=cfg.filter.max_resamples,
-        chunk_prompts=ex.chunk_prompts,
+        chunk_prompts=None,  # the executor's, when each step is submitted
         run_seed=cfg.run.seed,
         background=ex.runs_ahead,
     )

@@ -46,6 +46,10 @@ class GroupWork(Protocol):
         order; the bytes the driver moves for it are added to ``traffic``. On Ray the rollout
         stays in the object store (``scored.rollout`` is a ``data_plane.RolloutRefs``)."""
 
+    @property
+    def chunk_prompts(self) -> int:
+        """Prompts per rollout chunk (the unit of work and of seeding) for the next step."""
+
     def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
         """Keep / drop / invalid per group, recording every valid group in the std history."""
 
@@ -62,7 +66,6 @@ class Executor(GroupWork, Protocol):
     """Where the phases run. Every method is synchronous from the driver's point of view."""
 
     policy_version: int
-    chunk_prompts: int  # prompts per rollout chunk (the unit of work and of seeding)
     runs_ahead: bool  # a step's rollouts can run in the background during an update
 
     def update(self, batch: Any) -> dict[str, float]: ...

@@ -102,111 +102,20 @@ class ChunkScheduler:
         reward actor reads the last two; this process fetches the meta and the rewards only:
         each result's ``rollout`` is a :class:`~maskgrpo_ray.data_plane.RolloutRefs`. The bytes
         this process sends and receives are added to ``traffic``."""
-        pending = deque(chunks)
-        idle: deque[Member] = deque(self.rollouts.members)
-        # meta ref -> (chunk, actor, (rollout ref, images ref))
-        gen: dict[Any, tuple[Chunk, Member, Refs]] = {}
-        rew: dict[Any, tuple[Chunk, Refs, Member, RolloutMeta]] = {}
-        deadline: dict[Any, float] = {}  # in-flight call -> monotonic deadline
-        load = {m.actor_id: 0 for m in self.rewards.members}
-        done: dict[int, ScoredBatch] = {}
-
-        def send_to_reward(ch: Chunk, rollout_ref: Refs, meta: RolloutMeta) -> None:
-            if not len(self.rewards):
-                raise RuntimeError(
-                    "every reward actor is lost and the restart budget is spent "
-                    "(reward.max_restarts); raise it or find why they die"
-                )
-            ra = min(self.rewards.members, key=lambda m: load.get(m.actor_id, 0))
-            load[ra.actor_id] = load.get(ra.actor_id, 0) + 1
-            ref = ra.handle.score.remote(*rollout_ref)
-            traffic.sent += 2 * REF_BYTES
-            rew[ref] = (ch, rollout_ref, ra, meta)
-            deadline[ref] = time.monotonic() + self.reward_call_s
-
-        def rollout_lost(ch: Chunk, ro: Member, why: str) -> None:
-            self.counters["chunks_reissued"] += 1
-            self.metrics.count("maskgrpo_chunks_reissued_total")
-            if any(m is ro for m in self.rollouts.members):  # one call in flight per actor
-                self._lost("rollout", ro, ch, why)
-                fresh = self.heal_rollout(ro, why)
-                if fresh is not None:
-                    idle.append(fresh)
-            pending.appendleft(ch)
-
-        def reward_lost(
-            ch: Chunk, rollout_ref: Refs, ra: Member, meta: RolloutMeta, why: str
-        ) -> None:
-            self.counters["chunks_rescored"] += 1
-            if any(m is ra for m in self.rewards.members):  # its other calls are lost too:
-                load.pop(ra.actor_id, None)  # heal it once, on the first of them
-                self._lost("reward", ra, ch, why)
-                fresh = self.heal_reward(ra, why)
-                if fresh is not None:
-                    load[fresh.actor_id] = 0
-            send_to_reward(ch, rollout_ref, meta)
-
-        while pending or gen or rew:
-            while pending and idle:
-                ro, ch = idle.popleft(), pending.popleft()
-                meta_ref, ref, images = ro.handle.generate_split.remote(
-                    ch.prompts, ch.positions, ch.seed
-                )
-                gen[meta_ref] = (ch, ro, (ref, images))
-                traffic.sent += wire_bytes((ch.prompts, ch.positions, ch.seed))
-                deadline[meta_ref] = time.monotonic() + self.rollout_call_s
-                self.counters["chunks_issued"] += 1
-            if pending and not gen and not idle:
-                raise RuntimeError(
-                    "every rollout actor is lost and the restart budget is spent "
-                    "(rollout.max_restarts); raise it or find why they die"
-                )
-            self._gauge(len(pending), len(gen), len(rew))
-            wait_s = max(0.0, min(deadline[r] for r in (*gen, *rew)) - time.monotonic())
-            ready, _ = ray.wait([*gen, *rew], num_returns=1, timeout=wait_s)
-            if not ready:  # the earliest deadline passed: those calls are hung
-                now = time.monotonic()
-                for ref in [r for r in (*gen, *rew) if deadline[r] <= now]:
-                    deadline.pop(ref)
-                    self.counters["calls_timed_out"] += 1
-                    if ref in gen:
-                        ch, ro, _ = gen.pop(ref)
-                        rollout_lost(ch, ro, "hung")
-                    else:
-                        ch, rollout_ref, ra, meta = rew.pop(ref)
-                        reward_lost(ch, rollout_ref, ra, meta, "hung")
-                continue
-            ref = ready[0]
-            deadline.pop(ref)
-            if ref in gen:
-                ch, ro, rollout_ref = gen.pop(ref)
-                try:
-                    meta = cast(RolloutMeta, ray.get(ref))
-                except RayActorError:
-                    rollout_lost(ch, ro, "died")
-                    continue
-                traffic.received += wire_bytes(meta)
-                idle.append(ro)
-                self.chunks_by_actor[ro.actor_id] = self.chunks_by_actor.get(ro.actor_id, 0) + 1
-                send_to_reward(ch, rollout_ref, meta)
-            else:
-                ch, rollout_ref, ra, meta = rew.pop(ref)
-                try:
-                    result = cast(RewardResult, ray.get(ref))
-                except RayActorError:
-                    reward_lost(ch, rollout_ref, ra, meta, "died")
-                    continue
-                traffic.received += wire_bytes(result)
-                load[ra.actor_id] = load.get(ra.actor_id, 1) - 1
-                if ch.index in done:
-                    raise RuntimeError(f"chunk {ch.index} finished twice")
-                # the reward actor returns scores only; the rollout stays in the object store
-                view = RolloutRefs.of_chunk(ch.prompts, ch.positions, *rollout_ref, meta)
-                done[ch.index] = ScoredBatch.join(view, result)
+        run = _ChunkRun(self, chunks, traffic)
+        while run.busy():
+            run.issue()
+            self._gauge(len(run.pending), len(run.gen), len(run.rew))
+            wait_s = max(0.0, min(run.deadline.values()) - time.monotonic())
+            ready, _ = ray.wait([*run.gen, *run.rew], num_returns=1, timeout=wait_s)
+            if ready:
+                run.on_ready(ready[0])
+            else:  # the earliest deadline passed: those calls are hung
+                run.on_deadline(time.monotonic())
         self._gauge(0, 0, 0)
-        return done
+        return run.done
 
-    def _lost(self, role: str, member: Member, ch: Chunk, why: str) -> None:
+    def count_lost(self, role: str, member: Member, ch: Chunk, why: str) -> None:
         """Log and count a lost actor (the chunk goes elsewhere)."""
         log.warning(
             "%s actor %d %s (%s); chunk %d (prompts %s) goes to another actor",
@@ -274,3 +183,121 @@ def map_over_pool(
             continue
         idle.append(member)
     return [done[i] for i in range(len(items))]
+
+
+class _ChunkRun:
+    """The state of one :meth:`ChunkScheduler.run`: chunks waiting, idle rollout actors, calls
+    in flight (rollouts and rewards, each with a deadline) and the results so far."""
+
+    def __init__(self, sched: ChunkScheduler, chunks: list[Chunk], traffic: Traffic) -> None:
+        self.s, self.traffic = sched, traffic
+        self.pending = deque(chunks)
+        self.idle: deque[Member] = deque(sched.rollouts.members)
+        self.gen: dict[Any, tuple[Chunk, Member, Refs]] = {}  # meta ref -> its chunk
+        self.rew: dict[Any, tuple[Chunk, Refs, Member, RolloutMeta]] = {}  # reward ref -> ...
+        self.deadline: dict[Any, float] = {}  # in-flight call -> monotonic deadline
+        self.load = {m.actor_id: 0 for m in sched.rewards.members}
+        self.done: dict[int, ScoredBatch] = {}
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.gen or self.rew)
+
+    def issue(self) -> None:
+        """Give the waiting chunks to idle rollout actors."""
+        s = self.s
+        while self.pending and self.idle:
+            ro, ch = self.idle.popleft(), self.pending.popleft()
+            meta_ref, ref, images = ro.handle.generate_split.remote(
+                ch.prompts, ch.positions, ch.seed
+            )
+            self.gen[meta_ref] = (ch, ro, (ref, images))
+            self.traffic.sent += wire_bytes((ch.prompts, ch.positions, ch.seed))
+            self.deadline[meta_ref] = time.monotonic() + s.rollout_call_s
+            s.counters["chunks_issued"] += 1
+        if self.pending and not self.gen and not self.idle:
+            raise RuntimeError(
+                "every rollout actor is lost and the restart budget is spent "
+                "(rollout.max_restarts); raise it or find why they die"
+            )
+
+    def send_to_reward(self, ch: Chunk, rollout_ref: Refs, meta: RolloutMeta) -> None:
+        s = self.s
+        if not len(s.rewards):
+            raise RuntimeError(
+                "every reward actor is lost and the restart budget is spent "
+                "(reward.max_restarts); raise it or find why they die"
+            )
+        ra = min(s.rewards.members, key=lambda m: self.load.get(m.actor_id, 0))
+        self.load[ra.actor_id] = self.load.get(ra.actor_id, 0) + 1
+        ref = ra.handle.score.remote(*rollout_ref)
+        self.traffic.sent += 2 * REF_BYTES
+        self.rew[ref] = (ch, rollout_ref, ra, meta)
+        self.deadline[ref] = time.monotonic() + s.reward_call_s
+
+    def rollout_lost(self, ch: Chunk, ro: Member, why: str) -> None:
+        """Re-issue ``ch`` (same seed) after healing its actor (once per actor)."""
+        s = self.s
+        s.counters["chunks_reissued"] += 1
+        s.metrics.count("maskgrpo_chunks_reissued_total")
+        if any(m is ro for m in s.rollouts.members):  # one call in flight per actor
+            s.count_lost("rollout", ro, ch, why)
+            fresh = s.heal_rollout(ro, why)
+            if fresh is not None:
+                self.idle.append(fresh)
+        self.pending.appendleft(ch)
+
+    def reward_lost(
+        self, ch: Chunk, rollout_ref: Refs, ra: Member, meta: RolloutMeta, why: str
+    ) -> None:
+        """Re-score ``ch`` after healing its reward actor (once, on the first lost call)."""
+        s = self.s
+        s.counters["chunks_rescored"] += 1
+        if any(m is ra for m in s.rewards.members):  # its other calls are lost too
+            self.load.pop(ra.actor_id, None)
+            s.count_lost("reward", ra, ch, why)
+            fresh = s.heal_reward(ra, why)
+            if fresh is not None:
+                self.load[fresh.actor_id] = 0
+        self.send_to_reward(ch, rollout_ref, meta)
+
+    def on_deadline(self, now: float) -> None:
+        """Calls past their deadline are hung: heal their actors, redo their work."""
+        for ref in [r for r in (*self.gen, *self.rew) if self.deadline[r] <= now]:
+            self.deadline.pop(ref)
+            self.s.counters["calls_timed_out"] += 1
+            if ref in self.gen:
+                ch, ro, _ = self.gen.pop(ref)
+                self.rollout_lost(ch, ro, "hung")
+            else:
+                ch, rollout_ref, ra, meta = self.rew.pop(ref)
+                self.reward_lost(ch, rollout_ref, ra, meta, "hung")
+
+    def on_ready(self, ref: Any) -> None:
+        """A finished call: a rollout goes on to a reward actor, a reward completes a chunk."""
+        self.deadline.pop(ref)
+        if ref in self.gen:
+            ch, ro, rollout_ref = self.gen.pop(ref)
+            try:
+                meta = cast(RolloutMeta, ray.get(ref))
+            except RayActorError:
+                self.rollout_lost(ch, ro, "died")
+                return
+            self.traffic.received += wire_bytes(meta)
+            self.idle.append(ro)
+            by_actor = self.s.chunks_by_actor
+            by_actor[ro.actor_id] = by_actor.get(ro.actor_id, 0) + 1
+            self.send_to_reward(ch, rollout_ref, meta)
+            return
+        ch, rollout_ref, ra, meta = self.rew.pop(ref)
+        try:
+            result = cast(RewardResult, ray.get(ref))
+        except RayActorError:
+            self.reward_lost(ch, rollout_ref, ra, meta, "died")
+            return
+        self.traffic.received += wire_bytes(result)
+        self.load[ra.actor_id] = self.load.get(ra.actor_id, 1) - 1
+        if ch.index in self.done:
+            raise RuntimeError(f"chunk {ch.index} finished twice")
+        # the reward actor returns scores only; the rollout stays in the object store
+        view = RolloutRefs.of_chunk(ch.prompts, ch.positions, *rollout_ref, meta)
+        self.done[ch.index] = ScoredBatch.join(view, result)

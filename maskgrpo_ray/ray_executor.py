@@ -22,24 +22,23 @@ from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
 from maskgrpo_ray.actors.control import start_control_actor
-from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
 from maskgrpo_ray.actors.pool import ActorPool, Member, rollout_pool
 from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.collect import Chunk, chunk_prompts_of
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.data_plane import Traffic, TrainRefs, wire_bytes
+from maskgrpo_ray.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_chunks import ChunkScheduler, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
+from maskgrpo_ray.ray_filter import RemoteFilter
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
-FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails
 
 
 class RayExecutor:
@@ -51,7 +50,7 @@ class RayExecutor:
     Args:
         cfg: the validated config; turned into per-role settings once, here.
         chunk_prompts: prompts per rollout request (the unit of pull-based work); default
-            ``rollout.prompts_per_chunk``, where 0 means ``ceil(B / rollout.num_actors)``.
+            ``rollout.prompts_per_chunk``, where 0 means ``ceil(B / rollout actors)``.
         timeout_s: longest wait for any single actor call.
         include_dashboard: for a new local cluster (None: Ray's default).
         weight_sync: learner -> rollout transport (default: the object store).
@@ -66,14 +65,10 @@ class RayExecutor:
         include_dashboard: bool | None = None,
         weight_sync: WeightSync | None = None,
     ) -> None:
-        ro = cfg.rollout
-        if chunk_prompts is None:
-            chunk_prompts = chunk_prompts_of(
-                ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
-            )
         self.settings = s = settings_from_config(cfg)
         self.run_seed, self.run_name = cfg.run.seed, cfg.run.name
-        self.chunk_prompts, self.timeout_s = max(1, chunk_prompts), timeout_s
+        self.fixed_chunk_prompts = chunk_prompts or cfg.rollout.prompts_per_chunk
+        self.prompts_per_step, self.timeout_s = cfg.train.prompts_per_step, timeout_s
         self.cluster: ClusterHandle = connect(
             cfg.run.ray_address, cfg.run.num_cpus, include_dashboard, cfg.run.num_gpus
         )
@@ -92,34 +87,12 @@ class RayExecutor:
             CONTROL_NAMESPACE,
             self.control_name.split(":", 1)[1],
         )
-        self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(s.filter)
-        # the filter's state after its last decision, to restart a dead filter actor: the same
-        # class, deciding the same groups (checked equal to the actor's every call)
-        self.filter_copy = FilterActor(s.filter)
-        self.rewards = ActorPool(
-            "reward",
-            lambda i, opts: RemoteRewardActor.options(**opts).remote(
-                s.reward, s.reward_resources.num_gpus, i
-            ),
-            s.reward_resources,
-            timeout_s,
-        )
-        self.rollouts = rollout_pool(
-            s, timeout_s, on_size=lambda n: self.metrics.gauge("maskgrpo_rollout_actors", n)
-        )
-        for _ in range(cfg.reward.num_actors):
-            self.rewards.spawn()
-        for _ in range(cfg.rollout.num_actors):
-            self.rollouts.spawn()
-        self.learner = LearnerGroup(s, timeout_s)
-        self.rollouts.wait_ready(self.rollouts.members)
-        self.rewards.wait_ready(self.rewards.members)
-        ray.get(self.filter_actor.ready.remote(), timeout=timeout_s)
         self.restarts = {"rollout": 0, "reward": 0}
         self.last_recovery_s = 0.0
         # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
         # and healed, for operators' logs and the fault drill (bench/fault_drill.py)
         self.events: list[tuple[float, str, str]] = []
+        self._start_actors(cfg.rollout.num_actors, cfg.reward.num_actors)
         self.scheduler = ChunkScheduler(
             self.rollouts,
             self.rewards,
@@ -138,11 +111,43 @@ class RayExecutor:
 
     # ------------------------------------------------------------------ actors
 
+    def _start_actors(self, rollout_actors: int, reward_actors: int) -> None:
+        """The filter, reward and rollout actors and the learner group, started together and
+        waited for (the actors build their models in parallel)."""
+        s, timeout_s = self.settings, self.timeout_s
+        self.filters = RemoteFilter(s.filter, timeout_s, self.metrics, self._filter_event)
+        self.rewards = ActorPool(
+            "reward",
+            lambda i, opts: RemoteRewardActor.options(**opts).remote(
+                s.reward, s.reward_resources.num_gpus, i
+            ),
+            s.reward_resources,
+            timeout_s,
+        )
+        self.rollouts = rollout_pool(
+            s, timeout_s, on_size=lambda n: self.metrics.gauge("maskgrpo_rollout_actors", n)
+        )
+        for _ in range(reward_actors):
+            self.rewards.spawn()
+        for _ in range(rollout_actors):
+            self.rollouts.spawn()
+        self.learner = LearnerGroup(s, timeout_s)
+        self.rollouts.wait_ready(self.rollouts.members)
+        self.rewards.wait_ready(self.rewards.members)
+        self.filters.wait_ready()
+
     def _warm_model_cache(self, cfg: Config) -> None:
         """The model kind's one-off preparation (toy: pre-train and cache it once, here)."""
         from maskgrpo_ray.models.registry import prepare_model
 
         prepare_model(cfg.model)
+
+    @property
+    def chunk_prompts(self) -> int:
+        """``rollout.prompts_per_chunk``, or ``ceil(B / rollout actors now)`` (0, the default):
+        a pool scaled up or down between steps keeps every actor busy. With the configured
+        actor count this is the local backend's chunking, so both seed a step alike."""
+        return chunk_prompts_of(self.fixed_chunk_prompts, self.prompts_per_step, len(self.rollouts))
 
     @property
     def counters(self) -> dict[str, float]:
@@ -293,46 +298,29 @@ class RayExecutor:
         return ScoredBatch.concat([done[i] for i in sorted(done)])
 
     def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
-        """The filter actor's decision; a filter actor that dies is restarted with the state
-        after its last decision and asked again, so the decisions are those of a run without
-        the crash."""
-        args = (scored.rewards, scored.rollout.group_size)
-        for _ in range(FILTER_ATTEMPTS):
-            try:
-                res = ray.get(self.filter_actor.filter.remote(*args), timeout=self.timeout_s)
-            except RayActorError:
-                self._restart_filter()
-                continue
-            mine = self.filter_copy.filter(*args)
-            if not (torch.equal(mine.keep, res.keep) and torch.equal(mine.invalid, res.invalid)):
-                raise RuntimeError("the filter actor and its restart copy decided differently")
-            traffic.sent += wire_bytes(args)
-            traffic.received += wire_bytes(res)
-            return res
-        raise RuntimeError(f"the filter actor died {FILTER_ATTEMPTS} times on one call")
+        """The filter actor's decision (``ray_filter.RemoteFilter``: a dead filter actor is
+        restarted from the state after its last decision and asked again)."""
+        res = self.filters.decide(scored.rewards, scored.rollout.group_size, traffic)
+        self.last_recovery_s = self.filters.last_recovery_s or self.last_recovery_s
+        return res
 
-    def _restart_filter(self) -> None:
-        self.events.append((time.monotonic(), "filter", "lost"))
-        t0 = time.perf_counter()
-        log.warning("the filter actor died; restarting it from its last decision's state")
-        self.counters["filter_actors_lost"] = self.counters.get("filter_actors_lost", 0.0) + 1
-        self.metrics.count("maskgrpo_actors_lost_total", tags={"role": "filter", "why": "died"})
-        self.filter_actor = RemoteFilterActor.options(num_cpus=0).remote(self.settings.filter)
-        state = self.filter_copy.state_dict()
-        ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
-        self.last_recovery_s = time.perf_counter() - t0
-        self.events.append((time.monotonic(), "filter", "replaced"))
-        self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "filter"})
+    def _filter_event(self, role: str, what: str) -> None:
+        self.events.append((time.monotonic(), role, what))
+        if what == "lost":
+            self.counters["filter_actors_lost"] = self.counters.get("filter_actors_lost", 0.0) + 1
+
+    @property
+    def filter_actor(self) -> Any:
+        return self.filters.actor
 
     def filter_stats(self) -> dict[str, float]:
-        return self.filter_copy.stats()
+        return self.filters.stats()
 
     def filter_state(self) -> dict[str, Any]:
-        return self.filter_copy.state_dict()
+        return self.filters.state_dict()
 
     def load_filter_state(self, state: dict[str, Any]) -> None:
-        ray.get(self.filter_actor.load_state_dict.remote(state), timeout=self.timeout_s)
-        self.filter_copy.load_state_dict(state)
+        self.filters.load_state_dict(state)
 
     def update(self, batch: TrainBatch | TrainRefs) -> dict[str, float]:
         """One learner update. A ``TrainRefs`` (the driver's loop): each rank is sent its plan
@@ -458,5 +446,5 @@ class RayExecutor:
         self.learner.shutdown()
         self.rollouts.shutdown()
         self.rewards.shutdown()
-        ray.kill(self.filter_actor)
+        self.filters.shutdown()
         disconnect(self.cluster)

@@ -324,20 +324,24 @@ class TrainBatch:
         )
         return self
 
+    PER_SAMPLE = (
+        "cond_ids",
+        "final_tokens",
+        "unmask_step",
+        "old_logp",
+        "sampled",
+        "advantages",
+        "mask_seed",
+        "mask_counts",
+    )  # the fields with one row per sample
+
     def rows(self, start: int, stop: int) -> TrainBatch:
         """Samples ``start .. stop - 1`` (a learner rank's contiguous share)."""
-        r = slice(start, stop)
-        return replace(
-            self,
-            cond_ids=self.cond_ids[r],
-            final_tokens=self.final_tokens[r],
-            unmask_step=None if self.unmask_step is None else self.unmask_step[r],
-            old_logp=self.old_logp[r],
-            sampled=None if self.sampled is None else self.sampled[r],
-            advantages=self.advantages[r],
-            mask_seed=None if self.mask_seed is None else self.mask_seed[r],
-            mask_counts=None if self.mask_counts is None else self.mask_counts[r],
-        )
+        cut: dict[str, Any] = {}
+        for k in self.PER_SAMPLE:
+            v = getattr(self, k)
+            cut[k] = None if v is None else v[start:stop]
+        return replace(self, **cut)
 
     def shard(self, rank: int, world: int) -> TrainBatch:
         """Learner rank ``rank``'s share of ``world``: a contiguous, balanced range of samples
