@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.config import load_config
+from maskgrpo_ray.cost_model import FlopModel, peak_bf16
 from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlan, apply_update, build_optimizer
 from maskgrpo_ray.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2
@@ -71,9 +72,6 @@ CONFIG = settings_from_config(
 GROUP_SIZE = CONFIG.rollout.group_size  # G = 6
 LIKELIHOODS = ("eq14", "marginal")  # the baseline first
 FIDELITY_KINDS = (("p1", "marginal"), ("p1", "eq14"), ("p2", "eq14"))
-# dense bf16 datasheet rates (FLOP/s); the first name that is part of the device's name wins
-PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12))
-PEAK_BF16 += (("A100", 312e12), ("L40S", 362e12))
 BUDGET_S = {"rollout": 180.0, "fidelity": 60.0, "learner": 130.0, "weight_sync": 60.0}
 UNITS = {
     "seconds": "s",
@@ -110,34 +108,12 @@ DEFAULTS = {  # (full run, smoke run)
 }
 
 
-@dataclass(frozen=True)
-class FlopModel:
-    """Model FLOPs: 2 x matmul parameters x tokens per forward (attention products excluded)."""
-
-    body_params: int  # the transformer layers' parameters: every text and image row
-    head_params: int  # lm_head's codebook columns: image-token rows only
-    text_len: int  # P
-    hidden: int
-    layers: int
-
-    def forward(self, image_len: int, samples: int, prefixes: int) -> float:
-        """``samples`` image passes of ``L + 2`` rows and ``prefixes`` text prefixes."""
-        image = self.body_params * (image_len + 2) + self.head_params * image_len
-        return 2.0 * (samples * image + prefixes * self.body_params * self.text_len)
-
-    def attention_share(self, image_len: int) -> float:
-        """Uncounted attention FLOPs of one image pass (QK^T and AV: 4 x rows x keys x hidden
-        per layer) over its counted FLOPs."""
-        rows = image_len + 2
-        attn = 4.0 * self.layers * self.hidden * rows * (self.text_len + rows)
-        return attn / self.forward(image_len, 1, 0)
-
-    @staticmethod
-    def of(policy: ShowoPolicy) -> FlopModel:
-        phi, cfg = policy.transformer.showo.model, policy.transformer.config
-        body = sum(p.numel() for m in (phi.layers, phi.final_layernorm) for p in m.parameters())
-        head = policy.codebook_size * (cfg.hidden_size + 1)
-        return FlopModel(body, head, policy.max_text_len + 1, cfg.hidden_size, len(phi.layers))
+def flop_model_of(policy: ShowoPolicy) -> FlopModel:
+    """The project's FLOP model (``maskgrpo_ray.cost_model.FlopModel``) of a built policy."""
+    phi, cfg = policy.transformer.showo.model, policy.transformer.config
+    body = sum(p.numel() for m in (phi.layers, phi.final_layernorm) for p in m.parameters())
+    head = policy.codebook_size * (cfg.hidden_size + 1)
+    return FlopModel(body, head, policy.max_text_len + 1, cfg.hidden_size, len(phi.layers))
 
 
 @dataclass
@@ -162,7 +138,7 @@ class Bench:
 
     @property
     def flops(self) -> FlopModel:
-        return FlopModel.of(next(iter(self.policies.values())))
+        return flop_model_of(next(iter(self.policies.values())))
 
     def mfu(self, flops: float, seconds: float) -> float | None:
         return flops / seconds / self.peak_flops if self.peak_flops else None
@@ -614,7 +590,7 @@ def device_info(args: argparse.Namespace, device: torch.device) -> dict[str, Any
         info |= {"device_name": name, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}
         info |= {"tf32_cudnn": torch.backends.cudnn.allow_tf32}
         if info["peak_flops"] is None:
-            info["peak_flops"] = next((rate for key, rate in PEAK_BF16 if key in name), None)
+            info["peak_flops"] = peak_bf16(name)
     return info
 
 

@@ -175,28 +175,18 @@ def showo_profile(
     )
 
 
-PROFILES: dict[str, CostProfile] = {
-    p.name: p
-    for p in (
-        showo_profile("showo_512_h100", 512, unmasking_steps=50),
-        showo_profile(
-            "showo_512_h100_forward",
-            512,
-            estimator="forward",
-            unmasking_steps=50,
-            updates_per_batch=4,
-        ),
-        showo_profile("showo_256_h100", 256, unmasking_steps=18),
-        showo_profile(
-            "showo_256_h100_forward",
-            256,
-            estimator="forward",
-            unmasking_steps=18,
-            updates_per_batch=4,
-        ),
-    )
-}
-"""Built-in profiles by name (``docs/simulation.md`` states each number's source)."""
+# Built-in profiles by name (docs/simulation.md states each number's source).
+PROFILES: dict[str, CostProfile] = {}
+for _px, _steps in ((512, 50), (256, 18)):
+    for _suffix, _estimator, _updates in (("", "trajectory", 1), ("_forward", "forward", 4)):
+        _name = f"showo_{_px}_h100{_suffix}"
+        PROFILES[_name] = showo_profile(
+            _name,
+            _px,
+            estimator=_estimator,
+            unmasking_steps=_steps,
+            updates_per_batch=_updates,  # the forward configs' 4 inner updates (K = 4 draws)
+        )
 
 
 def resolve_profile(spec: str | Mapping[str, Any]) -> CostProfile:
