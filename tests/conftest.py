@@ -9,6 +9,13 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One DeepSpeed g++ build (shm_comm) for the whole session: tests that isolate the model cache
+# (MASKGRPO_CACHE_DIR in a tmp folder) would otherwise rebuild it each, minutes on 2 loaded
+# cores. Ray workers of the clusters the tests start inherit it (ray_cluster.apply_env_defaults
+# only fills what is unset).
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "maskgrpo-ray" / "torch_extensions")
+)
 
 
 @pytest.fixture(scope="session")

@@ -48,9 +48,8 @@ def _check(row: dict, fault: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("fault", ["learner", "sigterm"])
+@pytest.mark.parametrize("fault", [pytest.param("learner", marks=pytest.mark.ci), "sigterm"])
 def test_drill_learner_and_driver(clean, tmp_path, fault):
     row = drill.compare(clean, drill.run_one(fault, tmp_path / fault))
     _check(row, fault)
@@ -93,7 +92,6 @@ def clean_async(ray_cluster, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_async_rollouts_lag_one_step_and_train_every_group_once(clean, clean_async):
     """With max_policy_lag 1 the step after each non-checkpoint step uses rollouts made one
@@ -132,7 +130,6 @@ def test_async_rollouts_lag_one_step_and_train_every_group_once(clean, clean_asy
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", ["learner", "sigterm"])
 def test_async_drill_learner_and_driver(clean_async, tmp_path, fault):

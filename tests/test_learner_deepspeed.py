@@ -130,7 +130,6 @@ def test_world2_update_equals_single_process_update(ray_cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_world2_ranks_fetching_their_chunks_equal_the_cut_shards(ray_cluster):
     """The driver-free path: the batch's groups left in the object store as two chunks, each

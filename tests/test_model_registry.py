@@ -196,7 +196,6 @@ def test_plugin_kind_trains_one_step_local(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_plugin_kind_trains_one_step_ray(ray_cluster, tmp_path):
     """Rollout actors and the learner rank build the kind from ``model.plugins`` alone."""

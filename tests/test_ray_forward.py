@@ -13,7 +13,6 @@ from maskgrpo_ray.data import PromptStream, load_prompts
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_forward_estimator_ratio_one_across_processes_then_real(ray_cluster, tmp_path):
     from maskgrpo_ray.ray_executor import RayExecutor

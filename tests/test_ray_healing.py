@@ -92,7 +92,6 @@ def test_rollout_actor_killed_or_hung_is_replaced_with_current_weights(executor)
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_reward_actor_killed_is_replaced_and_the_chunk_rescored(executor):
     ex = executor
@@ -126,7 +125,6 @@ def test_filter_actor_killed_is_restarted_with_its_history(executor):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_past_the_restart_budget_a_lost_actor_is_only_dropped(executor):
     ex = executor
@@ -141,7 +139,6 @@ def test_past_the_restart_budget_a_lost_actor_is_only_dropped(executor):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_rollouts_reach_the_reward_actor_and_the_learner_without_the_driver(executor):
     """The driver's batch holds object references and no rollout tensor; the driver received

@@ -127,7 +127,6 @@ def test_end_to_end_toy_run(executor, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     """An actor dies in the middle of a step: its chunk goes to another actor with the same
@@ -169,7 +168,6 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(300)
 def test_check_prompt_and_filter_state(executor):
     ex = executor

@@ -217,7 +217,6 @@ def test_shim_announces_itself_and_leaves_global_state_alone():
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_released_architecture_builds_and_scores_with_random_weights(tiny_kwargs, images):
     # ImageReward's own ViT-L/16 + BERT-base (446M parameters), through the shim, ~10 s on 2 cores
     with warnings.catch_warnings():
