@@ -26,13 +26,13 @@ run: $(STAMP)
 	$(VENV)/bin/maskgrpo train --config configs/toy.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not gpu" --timeout=900
+	$(PY) -m pytest -q -m "not slow and not gpu" --timeout=900 --durations=20
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow and not gpu" --timeout=1800
 
 test-ci: $(STAMP)
-	$(PY) -m pytest -q -m "slow and ci and not gpu" --timeout=1200
+	$(PY) -m pytest -q -m "slow and ci and not gpu" --timeout=1200 --durations=20
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
