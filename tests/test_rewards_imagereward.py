@@ -209,7 +209,7 @@ def test_shim_announces_itself_and_leaves_global_state_alone():
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ImageReward compatibility shim patched" in done.stderr
