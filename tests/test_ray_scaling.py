@@ -30,7 +30,6 @@ SMALL = [
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys):
     from maskgrpo_ray.ray_executor import RayExecutor

@@ -10,7 +10,6 @@ from maskgrpo_ray.cli import main
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_tiny_random_showo_runs_through_the_ray_system(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -98,7 +98,6 @@ def test_gloo_broadcast_between_processes(world):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.timeout(600)
 def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
     import os
