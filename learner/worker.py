@@ -54,6 +54,25 @@ log = logging.getLogger(__name__)
 CHECKPOINT_CHUNK = 64 << 20  # bytes per object-store chunk of a checkpoint file
 
 
+def skip_shm_comm_build() -> None:
+    """Tell DeepSpeed not to JIT-build its shared-memory all-reduce op (``deepspeed_shm_comm``).
+
+    On the CPU accelerator ``deepspeed.initialize`` g++-builds that op at every first start (30 s
+    idle, minutes on loaded cores) under a ``torch.utils.file_baton`` lock; a rank killed while
+    it holds the lock leaves the file behind, and every later learner start on the machine waits
+    on it forever. The op serves only ``inference_all_reduce``: training reduces through
+    ``torch.distributed`` (gloo here, nccl on GPUs), so nothing this learner computes changes.
+    DeepSpeed keeps the probed table in its module so that edits persist; on a GPU accelerator
+    the builder does not exist and this changes nothing.
+    """
+    import deepspeed.ops
+
+    table = deepspeed.ops.__compatible_ops__
+    if table.get("deepspeed_shm_comm"):
+        table["deepspeed_shm_comm"] = False
+        log.info("DeepSpeed's shm_comm op (inference all-reduce only) is not built: not used")
+
+
 def clips_in_hook(learner: LearnerSettings) -> bool:
     """Plain fp32 data parallel (ZeRO stage 0): we clip in an optimizer pre-step hook, where
     the gradients are already averaged, so the pre-clip norm can be reported as DeepSpeed does
@@ -191,6 +210,7 @@ class LearnerWorker(ActorProcess):
         """Join the group and build the engine; returns the number of trained parameters."""
         import deepspeed
 
+        skip_shm_comm_build()
         env = {
             "RANK": self.rank,
             "WORLD_SIZE": self.world_size,
