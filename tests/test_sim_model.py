@@ -57,18 +57,66 @@ def test_a_rollout_call_lasts_images_times_the_profile_and_a_learner_call_pairs_
     tokens = torch.full((8, 16), pol.mask_index)
     with torch.no_grad():
         pol.toy.conditioned(cond)(tokens)  # warm-up: torch's first call initialises kernels
-        _timed(lambda: fn(tokens), 8 * 0.004 * 2.0)  # 8 images, one unmasking step
+        # 8 images, one unmasking step (a fresh function: a stream's first call)
+        _timed(lambda: pol.conditioned(cond)(tokens), 8 * 0.004 * 2.0)
         assert fn(tokens).shape == (8, 16, pol.codebook_size)
-    # gradient on: a learner pass over 8 (sample, unit) pairs (the backward's time is in it)
-    _timed(lambda: fn(tokens), 8 * 0.003 * 2.0)
-    logits = fn(tokens)
-    logits.sum().backward()
+
+    # gradient on: a learner pass over 8 (sample, unit) pairs, forward to the end of backward
+    def learner_pass() -> None:
+        fn(tokens).sum().backward()
+
+    _timed(learner_pass, 8 * 0.003 * 2.0)
     assert pol.ballast.grad is not None and not pol.ballast.grad.any()  # all-reduced, zero
     # the values are the tiny model's own: the simulation adds time, never changes numbers
     with torch.no_grad():
         assert torch.equal(fn(tokens), pol.toy.conditioned(cond)(tokens))
-    # 4 no-grad calls of 8 images, 3 gradient calls of 8 pairs (charged unscaled)
-    assert pol.clock.simulated_s == pytest.approx(4 * 8 * 0.004 + 3 * 8 * 0.003)
+    # 4 no-grad calls of 8 images, 2 learner passes of 8 pairs (charged unscaled)
+    assert pol.clock.simulated_s == pytest.approx(4 * 8 * 0.004 + 2 * 8 * 0.003)
+
+
+def test_a_learner_pass_is_held_at_the_end_of_its_backward():
+    """The hold runs after every gradient of the tiny model exists (its node is the backward's
+    last), so the backward's real compute lies inside the simulated time, not after it."""
+    pol = _policy(time_scale=1.0)
+    fn = pol.conditioned(pol.tokenize(["one red dot on the left"] * 4))
+    seen: list[bool] = []
+    hold = pol.clock.hold
+
+    def spy(began: float, simulated_s: float) -> float:
+        seen.append(all(p.grad is not None for p in pol.toy.parameters() if p.requires_grad))
+        return hold(began, simulated_s)
+
+    pol.clock.hold = spy  # type: ignore[method-assign]
+    logits = fn(torch.full((4, 16), pol.mask_index))
+    assert seen == []  # the forward alone charges nothing: its time is the pass's
+    logits.logsumexp(-1).sum().backward()
+    assert seen == [True]
+
+
+def test_successive_rollout_calls_are_one_stream():
+    """Host work between two calls of one logits function (the sampler's) is inside the next
+    call's simulated time: each call's duration starts where the previous call's work ended,
+    not where the call began."""
+    pol = _policy(time_scale=1.0)
+    fn = pol.conditioned(pol.tokenize(["one red dot on the left"] * 2))
+    tokens = torch.full((2, 16), pol.mask_index)
+    starts: list[float] = []
+    ends: list[float] = []
+    hold = pol.clock.hold
+
+    def spy(began: float, simulated_s: float) -> float:
+        starts.append(began)
+        ends.append(hold(began, simulated_s))
+        return ends[-1]
+
+    pol.clock.hold = spy  # type: ignore[method-assign]
+    with torch.no_grad():
+        before = time.perf_counter()
+        for _ in range(3):
+            fn(tokens)
+            time.sleep(0.002)  # host work between calls
+    assert before <= starts[0] and starts[1:] == ends[:-1]
+    assert all(b - a >= 2 * 0.004 - 1e-9 for a, b in zip(ends, ends[1:], strict=False))
 
 
 def test_trained_bytes_and_images_follow_bytes_scale():

@@ -148,10 +148,9 @@ def unmask_step(
     noise = gumbel_noise((n, length), generator, logits.device)
     score = torch.log(conf.clamp(min=1e-20)) + tau * noise  # [N, L]
     num_masked = masked.sum(-1)  # [N]
-    keep_masked = torch.tensor(
-        [mask_schedule(step, num_steps, length, int(c)) for c in num_masked.tolist()],
-        device=logits.device,
-    )  # [N], m_t per row
+    counts = num_masked.tolist()
+    m_of = {c: mask_schedule(step, num_steps, length, c) for c in set(counts)}  # rows share
+    keep_masked = torch.tensor([m_of[c] for c in counts], device=logits.device)  # [N], m_t
     if step >= num_steps - 1:
         remask = torch.zeros_like(masked)
     else:

@@ -7,15 +7,18 @@ is real and the math is unchanged. On top, each call *takes the time* a cost pro
 ``time_scale`` factor so that a run takes minutes:
 
 * a rollout logits call on ``n`` images (no gradient) lasts ``n x rollout_seconds_per_image_step``;
-* a learner logits call on ``n`` (sample, unit) pairs (gradient on) lasts
-  ``n x learner_seconds_per_pair`` (forward and backward both charged to the forward);
+* a learner pass on ``n`` (sample, unit) pairs (gradient on) lasts
+  ``n x learner_seconds_per_pair`` from the forward's start to the backward's end (the hold
+  is the backward's last node);
 * a weight load lasts ``weight_bytes / sync_bytes_per_second``;
 * the reward actors' ``sim_cost`` component (:mod:`maskgrpo_ray.rewards.sim_cost`) lasts
   ``n x reward_seconds_per_image`` per call.
 
 A call sleeps until its simulated duration has passed since it began, so the tiny model's own
 compute is inside the simulated time, not added to it (as a GPU kernel would be), while it is
-shorter. Sleeping releases the GIL and holds no core: two cores host 16 or more simulated GPUs.
+shorter. Successive rollout calls of one logits function are one stream (a step begins where
+the previous step's work ended), so the sampler's compute between them is inside it too.
+Sleeping releases the GIL and holds no core: two cores host 16 or more simulated GPUs.
 
 Data volumes follow the target scaled by ``bytes_scale``: the policy carries a ballast weight
 tensor so that the trained tensors (what the learner all-reduces and syncs) weigh
@@ -104,15 +107,41 @@ class SimClock:
         self.slept_s = 0.0  # wall seconds slept
         self.over_s = 0.0  # wall seconds the real work ran past its simulated time
 
-    def hold(self, began: float, simulated_s: float) -> None:
-        """The call that began at ``began`` (``time.perf_counter``) lasts ``simulated_s``."""
+    def hold(self, began: float, simulated_s: float) -> float:
+        """The work that began at ``began`` (``time.perf_counter``) lasts ``simulated_s``:
+        sleep until ``began + simulated_s x time_scale``. Returns when the work ended (that
+        time, or now if the real work ran past it)."""
         self.simulated_s += simulated_s
-        left = began + simulated_s * self.time_scale - time.perf_counter()
+        due = began + simulated_s * self.time_scale
+        left = due - time.perf_counter()
         if left > 0:
             time.sleep(left)
             self.slept_s += left
-        else:
-            self.over_s -= left
+            return due
+        self.over_s -= left
+        return time.perf_counter()
+
+
+class _HoldAtBackwardEnd(torch.autograd.Function):
+    """Identity on a parameter; its backward holds the clock until the pass's simulated time.
+
+    Applied before the network runs, its node has the lowest sequence number of the pass's
+    graph, and the autograd engine runs ready nodes highest number first: it is the last node
+    of the backward. So the forward, the loss and the backward, all real compute between them,
+    lie inside the one simulated duration (a GPU would run them as kernels within it).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, clock: SimClock, began: float, simulated_s: float
+    ) -> torch.Tensor:
+        ctx.clock, ctx.began, ctx.simulated_s = clock, began, simulated_s
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        ctx.clock.hold(ctx.began, ctx.simulated_s)
+        return grad, None, None, None
 
 
 class SimPolicy(MaskedImagePolicy):
@@ -141,15 +170,23 @@ class SimPolicy(MaskedImagePolicy):
         inner = self.toy.conditioned(cond_ids, guidance_scale)
         p = self.profile
 
+        stream: list[float] = []  # when this function's previous call's work ended
+
         def fn(tokens: torch.Tensor) -> torch.Tensor:  # [n, L] -> [n, L, V]
             began = time.perf_counter()
-            logits = inner(tokens)
-            if torch.is_grad_enabled():  # a learner pass: (sample, unit) pairs
+            if torch.is_grad_enabled():  # a learner pass on n (sample, unit) pairs
+                # forward, loss and backward inside one duration, held at the backward's end;
                 # the ballast joins the graph (zero gradient) so it is all-reduced like weights
-                logits = logits + 0.0 * self.ballast[:1].sum()
-                self.clock.hold(began, tokens.shape[0] * p.learner_seconds_per_pair)
-            else:  # a rollout (or reference / evaluation) step on n images
-                self.clock.hold(began, tokens.shape[0] * p.rollout_seconds_per_image_step)
+                seconds = tokens.shape[0] * p.learner_seconds_per_pair
+                anchor = _HoldAtBackwardEnd.apply(self.ballast, self.clock, began, seconds)
+                return inner(tokens) + 0.0 * anchor[:1].sum()
+            # a rollout (or reference / evaluation) step on n images. Successive calls of one
+            # function are one stream of device work: a step starts when the previous one's
+            # work ended, so the sampler's own compute between two calls lies inside the
+            # simulated time (as the sampler's kernels would on the device), not beside it
+            logits = inner(tokens)
+            start = stream[-1] if stream else began
+            stream[:] = [self.clock.hold(start, tokens.shape[0] * p.rollout_seconds_per_image_step)]
             return logits
 
         return fn
@@ -235,6 +272,7 @@ def workload_of(cfg: Config) -> Workload:
     from maskgrpo_ray.settings import settings_from_config
 
     up = settings_from_config(cfg).update
+    forward = cfg.likelihood.estimator == "forward"
     if up.cycle_units:
         units = 1
     elif up.step_selection == "all":
@@ -247,4 +285,5 @@ def workload_of(cfg: Config) -> Workload:
         unmasking_steps=cfg.rollout.unmasking_steps,
         units_per_sample=units,
         updates_per_batch=up.updates_per_batch,
+        scoring_passes=cfg.likelihood.forward.mask_draws if forward else 0,
     )
