@@ -23,6 +23,7 @@ from maskgrpo_ray.learner_core import (
 )
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
@@ -134,9 +135,10 @@ class LocalExecutor:
         )
 
     def load(self, folder: Path) -> None:
-        self.policy.load_state_dict(torch.load(folder / "policy.pt", weights_only=True))
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        state = torch.load(folder / "executor.pt", weights_only=True)
+        self.policy.load_state_dict(load_torch_file(folder / "policy.pt", "a checkpoint's policy"))
+        optimizer = load_torch_file(folder / "optimizer.pt", "a checkpoint's optimizer state")
+        self.optimizer.load_state_dict(optimizer)
+        state = load_torch_file(folder / "executor.pt", "a checkpoint's executor state")
         self.planner.load_state(state["step_generator"])
         torch.set_rng_state(state["torch"])
         self.policy_version = int(state["policy_version"])

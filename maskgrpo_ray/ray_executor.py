@@ -35,6 +35,7 @@ from maskgrpo_ray.ray_chunks import ChunkScheduler, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.ray_filter import RemoteFilter
 from maskgrpo_ray.ray_metrics import process_metrics
+from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
@@ -407,7 +408,7 @@ class RayExecutor:
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote, then give every rollout actor those weights."""
-        state = torch.load(folder / "executor.pt", weights_only=True)
+        state = load_torch_file(folder / "executor.pt", "a checkpoint's executor state")
         self.learner.load(
             str((folder / "learner").resolve()),
             int(state["policy_version"]),

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ FINAL_POLICY = "final_policy.safetensors"
 BASE = "base"
 
 
-class WeightsError(FileNotFoundError):
+class WeightsError(UserError, FileNotFoundError):
     """Weights an evaluation was pointed at that cannot be read."""
 
 
@@ -45,7 +46,10 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    from maskgrpo_ray.safe_files import deepspeed_globals, load_torch_file
+
+    # weights_only: a .pt a user passes never runs code (DeepSpeed's own classes allowed)
+    state = load_torch_file(path, "weights", allow=deepspeed_globals())
     if isinstance(state, Mapping) and "module" in state:  # DeepSpeed model states
         state = state["module"]
     if not isinstance(state, Mapping) or not all(

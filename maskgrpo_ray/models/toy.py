@@ -213,7 +213,9 @@ def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
     path = cache_dir() / f"toy-base-{spec.cache_key()}.pt"
     model = ToyPolicy(spec)
     if path.exists():
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        from maskgrpo_ray.safe_files import load_torch_file
+
+        model.load_state_dict(load_torch_file(path, "the cached toy base model"))
         return model.eval()
     log.warning("no cached toy base model at %s: pre-training it now (once)", path)
     model = pretrain(spec)
