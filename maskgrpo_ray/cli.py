@@ -6,24 +6,43 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config, ConfigError, load_config
 from maskgrpo_ray.driver import RunFailed
+from maskgrpo_ray.errors import UserError, one_line
 from maskgrpo_ray.storage import CheckpointError
 
 log = logging.getLogger("maskgrpo")
 
 
+DEBUG_ENV = "MASKGRPO_DEBUG"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as one line and exit 2 (the sub-commands' parsers too)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"maskgrpo: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="maskgrpo", description=__doc__)
+    p = _Parser(prog="maskgrpo", description=__doc__)
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"show the traceback of a user error too (or set {DEBUG_ENV}=1)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run Mask-GRPO training")
     t.add_argument("--config", default=None, help="YAML config (default: configs/toy.yaml values)")
@@ -56,7 +75,19 @@ def _parser() -> argparse.ArgumentParser:
     ):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--run", default="toy", help="the job's run.name (default: toy)")
-        c.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS/auto)")
+        c.add_argument(
+            "--address",
+            default=None,
+            help="the job's Ray head, HOST:PORT (default: RAY_ADDRESS, else the head started "
+            "on this machine)",
+        )
+        c.add_argument(
+            "--timeout",
+            type=float,
+            default=20.0,
+            metavar="S",
+            help="seconds to find and join the cluster before giving up (default 20)",
+        )
         if name == "scale":
             c.add_argument(
                 "--rollout",
@@ -105,27 +136,57 @@ def find_checkpoint(
     return folder, store.location
 
 
-def run_train(cfg: Config, run_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
-    """Build everything from the config and run the chosen backend."""
+@dataclass(frozen=True)
+class RunPrompts:
+    """The prompt records a training run reads (loaded, and so checked, before it starts)."""
+
+    train: list[Any]
+    eval: list[Any]
+
+
+def preflight(cfg: Config) -> RunPrompts:
+    """What a run needs before anything starts: its prompt files read and checked, the model
+    kind's and the rewards' files found (nothing downloaded). Raises a :class:`UserError`
+    naming the field, the path and the fix."""
+    from maskgrpo_ray.data import load_prompt_records
+    from maskgrpo_ray.models.registry import check_model_files
+    from maskgrpo_ray.rewards.base import check_reward_files
+    from maskgrpo_ray.settings import settings_from_config
+
+    column = cfg.data.prompt_column
+    train = load_prompt_records(cfg.data.prompts, "train", column=column).records
+    evals = load_prompt_records(
+        cfg.data.eval_prompts or cfg.data.prompts, "eval", column=column
+    ).records
+    check_model_files(cfg.model)
+    check_reward_files(settings_from_config(cfg).reward.specs)
+    return RunPrompts(train, evals)
+
+
+def run_train(
+    cfg: Config,
+    run_dir: Path,
+    resume_from: Path | None = None,
+    prompts: RunPrompts | None = None,
+) -> dict[str, Any]:
+    """Build everything from the config and run the chosen backend (``prompts``: what
+    :func:`preflight` loaded; None: preflight here)."""
     import torch
 
     from maskgrpo_ray import driver
     from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_settings
-    from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompt_records
+    from maskgrpo_ray.data import PromptStream, keep_valid_prompts
     from maskgrpo_ray.driver import EvalSet
     from maskgrpo_ray.metrics import write_json_atomic
 
+    prompts = prompts or preflight(cfg)
     torch.manual_seed(cfg.run.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = cfg.model_dump(mode="json")
     write_json_atomic(run_dir / "config.json", resolved)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    column = cfg.data.prompt_column
-    train_records = load_prompt_records(cfg.data.prompts, "train", column=column).records
+    train_records, eval_records = prompts.train, prompts.eval
     train_prompts = [r.text for r in train_records]
-    eval_records = load_prompt_records(
-        cfg.data.eval_prompts or cfg.data.prompts, "eval", column=column
-    ).records
     eval_prompts = [r.text for r in eval_records]
     if cfg.run.backend == "local":
         from maskgrpo_ray.local import LocalExecutor
@@ -178,12 +239,14 @@ def batched_check(ex: Any, prompts: list[str]) -> Any:
 
 def control(args: argparse.Namespace) -> int:
     """``maskgrpo scale`` / ``maskgrpo status``: talk to a running job's control actor."""
+    from maskgrpo_ray.ray_cluster import attach, use_token_if_present
+
+    use_token_if_present()  # before ray is imported: it reads the auth mode then
     import ray
 
     from maskgrpo_ray.actors.control import NAMESPACE, control_name
 
-    if not ray.is_initialized():
-        ray.init(address=args.address or "auto", namespace=NAMESPACE, log_to_driver=False)
+    attach(args.address, NAMESPACE, args.timeout)
     name = args.run if args.run.startswith("maskgrpo-control:") else control_name(args.run)
     try:
         actor = ray.get_actor(name, namespace=NAMESPACE)
@@ -194,14 +257,22 @@ def control(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.command == "scale":
-        try:
-            ray.get(actor.request_rollout_actors.remote(args.rollout), timeout=30)
-        except ray.exceptions.RayTaskError as err:
-            print(f"maskgrpo: {err.cause}", file=sys.stderr)
-            return 2
-        print(f"requested {args.rollout} rollout actors; applied at the next step boundary")
-    print(json.dumps(ray.get(actor.get_status.remote(), timeout=30), indent=2))
+    try:
+        if args.command == "scale":
+            ray.get(actor.request_rollout_actors.remote(args.rollout), timeout=args.timeout)
+            print(f"requested {args.rollout} rollout actors; applied at the next step boundary")
+        status: Any = ray.get(actor.get_status.remote(), timeout=args.timeout)
+    except ray.exceptions.RayTaskError as err:
+        print(f"maskgrpo: {err.cause}", file=sys.stderr)
+        return 2
+    except ray.exceptions.GetTimeoutError:
+        print(
+            f"maskgrpo: the job {args.run!r} did not answer within {args.timeout:.0f} s (its "
+            "driver may be busy or gone); try again, or raise --timeout",
+            file=sys.stderr,
+        )
+        return 2
+    print(json.dumps(status, indent=2))
     return 0
 
 
@@ -218,7 +289,29 @@ def config_docs(out: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``maskgrpo``: a user's mistake ends in one line and exit 2 (no traceback unless
+    ``--debug`` or ``MASKGRPO_DEBUG=1``); anything else is a bug and keeps its traceback."""
     args = _parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        return _run(args)
+    except UserError as err:
+        if debug:
+            raise
+        print(f"maskgrpo: {one_line(str(err))}", file=sys.stderr)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
+        if debug:
+            raise
+        where = err.filename if err.filename is not None else "a path"
+        print(
+            f"maskgrpo: {where}: {err.strerror or err}; check the path "
+            f"(--debug or {DEBUG_ENV}=1 shows where it was read)",
+            file=sys.stderr,
+        )
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command in ("scale", "status"):
         return control(args)
     if args.command == "config-docs":
@@ -243,39 +336,39 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"run.backend={args.backend}")
     resume = getattr(args, "resume", None)
     resume_dir = None if resume in (None, "auto") else Path(resume)
-    try:
-        if resume_dir is not None:
-            saved = resume_dir / "config.yaml"
-            if args.config is None and not saved.exists():
-                raise ConfigError(
-                    f"--resume {resume_dir}: no complete checkpoint there ({saved} is missing "
-                    "too: is it a run directory?); pass the run directory a run wrote"
-                )
-            cfg = load_config(args.config or saved, overrides)
-        else:
-            cfg = load_config(args.config, overrides)
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"maskgrpo: {err}", file=sys.stderr)
-        return 2
+    if resume_dir is not None:
+        saved = resume_dir / "config.yaml"
+        if args.config is None and not saved.exists():
+            raise ConfigError(
+                f"--resume {resume_dir}: no complete checkpoint there ({saved} is missing "
+                "too: is it a run directory?); pass the run directory a run wrote"
+            )
+        cfg = load_config(args.config or saved, overrides)
+    else:
+        cfg = load_config(args.config, overrides)
+    prompts = preflight(cfg)  # prompt files and model files, before any actor or folder
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
     run_dir = resume_dir or resolve_run_dir(cfg, args.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(
+            f"--run-dir {run_dir}: a file is there; give a folder path (it is created if new)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".resume-", dir=run_dir) as scratch:
         try:
             resume_from, where = find_checkpoint(
                 cfg, run_dir, Path(scratch), required=resume_dir is not None
             )
-        except (ConfigError, CheckpointError) as err:
-            print(f"maskgrpo: {err}", file=sys.stderr)
-            return 2
+        except CheckpointError as err:
+            raise ConfigError(str(err)) from None
         if resume_from is None:
             log.info("no checkpoint at %s: starting %s from step 0", where, run_dir)
         else:
             log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
         try:
-            summary = run_train(cfg, run_dir, resume_from)
+            summary = run_train(cfg, run_dir, resume_from, prompts)
         except RunFailed as err:
             print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
             return 1

@@ -42,6 +42,7 @@ from maskgrpo_ray.config_training import (
     RewardConfig,
     TrainConfig,
 )
+from maskgrpo_ray.errors import UserError
 
 __all__ = [
     "RENAMED_FIELDS",
@@ -156,7 +157,7 @@ class Config(Strict):
         return self
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot run; the message names the field, the value and the fix."""
 
 
@@ -206,7 +207,14 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.steps=20")
         key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw)))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(
+                f"--set {item!r}: the value {raw!r} is not a YAML scalar, list or mapping; "
+                "quote it, e.g. --set 'run.name=\"my run\"'"
+            ) from None
+        out.append((key.strip(), value))
     return out
 
 
@@ -223,16 +231,39 @@ def _format_errors(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+def read_yaml(p: Path) -> Any:
+    """A YAML file's content (``safe_load``); ConfigError naming the file, the line and the fix
+    when it is missing, a folder, unreadable, not UTF-8 or not YAML."""
+    if not p.exists():
+        raise ConfigError(f"--config {p}: no such file; check the path")
+    if p.is_dir():
+        raise ConfigError(f"--config {p}: a folder; give the YAML file (e.g. configs/toy.yaml)")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except PermissionError:
+        raise ConfigError(f"--config {p}: not readable (permission denied); fix its mode") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"--config {p}: not UTF-8 text (byte {err.start}); save it as UTF-8 YAML"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"--config {p}:{where}: not valid YAML ({problem}); fix the file there"
+        ) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError."""
     tree: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"--config {p}: no such file")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        loaded = read_yaml(Path(path)) or {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {p}: the top level must be a mapping of sections")
+            raise ConfigError(f"--config {path}: the top level must be a mapping of sections")
         tree = loaded
     for key, value in parse_overrides(overrides or []):
         _set_path(tree, key, value)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray import geneval_schema
+from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.registry import get_prompt_set
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ FORMATS = (".txt", ".json", ".jsonl", ".parquet")
 _COLUMN_FIX = "set data.prompt_column (or --prompt-column) to the one that holds the prompt text"
 
 
-class PromptDataError(ValueError):
+class PromptDataError(UserError, ValueError):
     """A prompts file that cannot be used; the message names the file, the field and the fix."""
 
 
@@ -99,6 +100,8 @@ def _item_record(item: Any, column: str | None, where: str) -> PromptRecord:
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
+    except PermissionError:
+        raise PromptDataError(f"{path}: not readable (permission denied); fix its mode") from None
     except UnicodeDecodeError as err:
         raise PromptDataError(
             f"{path}: not UTF-8 text (byte {err.start}); re-encode the file as UTF-8"
@@ -276,6 +279,11 @@ def load_prompt_records(
         records = _set_records(spec, split)
     else:
         path = Path(spec)
+        if path.is_dir():
+            raise PromptDataError(
+                f"{spec}: a folder, not a prompts file; point data.prompts / data.eval_prompts "
+                "(or --prompts) at a .txt, .json, .jsonl or .parquet file"
+            )
         if not path.is_file():
             raise PromptFileMissing(
                 f"{spec}: no such prompts file (nor a registered prompt set such as 'toy'); "

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from maskgrpo_ray.errors import UserError
+
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 RELATIONS = ("left of", "right of", "above", "below")
 
 
-class GenEvalMetadataError(ValueError):
+class GenEvalMetadataError(UserError, ValueError):
     """A metadata line that the GenEval evaluator could not read."""
 
 

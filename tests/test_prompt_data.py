@@ -242,7 +242,7 @@ def test_missing_file_names_it_and_the_setting(tmp_path):
         load_prompt_records(missing)
     assert isinstance(err.value, FileNotFoundError)  # callers that catch that still do
     assert missing in str(err.value) and "data.prompts" in str(err.value)
-    with pytest.raises(PromptDataError, match="no such prompts file"):
+    with pytest.raises(PromptDataError, match="a folder, not a prompts file"):
         load_prompt_records(str(tmp_path))  # a folder is not a prompts file
 
 

@@ -116,7 +116,31 @@ def test_missing_official_weights_fail_at_construction_with_the_file_name(tmp_pa
         ClipReward(cache_dir=str(tmp_path))  # the default: ViT-H-14 / laion2b_s32b_b79k
     message = str(err.value)
     assert "laion/CLIP-ViT-H-14-laion2B-s32B-b79K/open_clip_pytorch_model.bin" in message
-    assert str(tmp_path) in message and "HF_HUB_OFFLINE" in message
+    assert str(tmp_path) in message and "MASKGRPO_ALLOW_DOWNLOADS" in message
+
+
+def test_no_download_unless_asked_even_with_the_hub_online(tmp_path, monkeypatch):
+    """Hub reachable (HF_HUB_OFFLINE off) but no MASKGRPO_ALLOW_DOWNLOADS: missing weights fail
+    at construction, before open_clip is asked for anything; with the flag, the download is
+    what happens (open_clip's own downloader is called, here a stand-in that records it)."""
+    from maskgrpo_ray.rewards import weights
+
+    monkeypatch.setattr(weights, "hf_hub_offline", lambda: False)
+    monkeypatch.delenv("MASKGRPO_ALLOW_DOWNLOADS", raising=False)
+    asked: list[str] = []
+
+    def create_model(*args, **kwargs):
+        asked.append(str(kwargs.get("pretrained")))
+        raise RuntimeError("stand-in: no network in tests")
+
+    monkeypatch.setattr(open_clip, "create_model", create_model)
+    with pytest.raises(RewardWeightsMissingError, match="MASKGRPO_ALLOW_DOWNLOADS"):
+        ClipReward(cache_dir=str(tmp_path))
+    assert asked == []
+    monkeypatch.setenv("MASKGRPO_ALLOW_DOWNLOADS", "1")
+    with pytest.raises(RuntimeError, match="stand-in"):
+        ClipReward(cache_dir=str(tmp_path))
+    assert asked == ["laion2b_s32b_b79k"]  # the tag: open_clip fetches it from the hub
 
 
 def test_missing_local_checkpoint_names_the_path(tiny, tmp_path):

@@ -49,6 +49,9 @@ class ModelEntry:
             message names the field, the value and the fix.
         prepare: run once in the driver before any actor starts (e.g. pre-train and cache the
             base model so that actors load it instead of each building it).
+        check_files: ``model_cfg -> None``, before anything starts (``maskgrpo validate``
+            too): the files the kind reads exist (nothing downloaded, nothing built); raises a
+            ``UserError`` naming the field, the path and the fix.
         reward_defaults: ``(model_cfg, reward_kind) -> kwargs`` that a reward component of that
             kind gets unless its ``args`` set them (e.g. the toy rules reward's ``grid``).
         geneval_rule: ``model_cfg -> scorer``, where ``scorer(images uint8 [N, H, W, 3],
@@ -61,6 +64,7 @@ class ModelEntry:
     config_section: type[BaseModel] | None = None
     check: Callable[[Config], None] | None = None
     prepare: Callable[[ModelConfig], None] | None = None
+    check_files: Callable[[ModelConfig], None] | None = None
     reward_defaults: Callable[[ModelConfig, str], Mapping[str, Any]] | None = None
     geneval_rule: Callable[[ModelConfig], GenEvalScorer] | None = None
 
@@ -177,6 +181,13 @@ def prepare_model(model: ModelConfig) -> None:
     entry = entry_for(model)
     if entry.prepare is not None:
         entry.prepare(model)
+
+
+def check_model_files(model: ModelConfig) -> None:
+    """The kind's file checks (:attr:`ModelEntry.check_files`); may do nothing."""
+    entry = entry_for(model)
+    if entry.check_files is not None:
+        entry.check_files(model)
 
 
 def reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, Any]:

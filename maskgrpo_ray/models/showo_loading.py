@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2, lfq_codebook
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import ShowoVocab
@@ -32,7 +33,11 @@ EXPORT_WEIGHTS = "pytorch_model.safetensors"
 _LIST_AT_MOST = 20
 
 
-class CheckpointMismatchError(ValueError):
+class ModelFilesMissing(UserError, FileNotFoundError):
+    """A model folder, its config or its weights are not where the config points."""
+
+
+class CheckpointMismatchError(UserError, ValueError):
     """The weights do not fit the model: ``missing``, ``unexpected`` and ``misshaped`` keys."""
 
     def __init__(
@@ -132,7 +137,7 @@ def resolve_pretrained_folder(
     if path.is_dir():
         return path
     if path.exists():
-        raise ValueError(
+        raise ModelFilesMissing(
             f"{path} is a file: give the folder that holds config.json and the weights"
         )
     try:
@@ -142,7 +147,7 @@ def resolve_pretrained_folder(
             str(name_or_path), cache_dir=cache_dir, revision=revision, local_files_only=True
         )
     except Exception as err:  # not a repo id, or not in the cache
-        raise FileNotFoundError(
+        raise ModelFilesMissing(
             f"{str(name_or_path)!r} is neither a local folder nor a model in the Hugging Face "
             f"cache ({cache_dir or 'default HF_HUB_CACHE'}); nothing is downloaded here. Point "
             "the config at a folder, or fill the cache first (huggingface-cli download <repo>)."
@@ -150,32 +155,38 @@ def resolve_pretrained_folder(
     return Path(found)
 
 
+def weights_file(folder: Path) -> Path:
+    """The weights file (or shard index) of a model folder; :class:`ModelFilesMissing` names
+    what was looked for and what the folder holds."""
+    for name in WEIGHT_FILES + SHARD_INDEXES:
+        if (folder / name).is_file():
+            return folder / name
+    present = sorted(p.name for p in folder.iterdir())
+    raise ModelFilesMissing(
+        f"no weights in {folder}: looked for {', '.join(WEIGHT_FILES + SHARD_INDEXES)}; "
+        f"the folder holds {present}; point the config at the folder that has them"
+    )
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of a model folder (see the module docstring for the file names)."""
     from safetensors.torch import load_file
 
-    for name in WEIGHT_FILES:
-        file = folder / name
-        if file.is_file():
-            if name.endswith(".bin"):
-                return torch.load(file, map_location="cpu", weights_only=True)
-            return load_file(str(file))
-    for name in SHARD_INDEXES:
-        index = folder / name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(load_file(str(folder / shard)))
-            return state
-    present = sorted(p.name for p in folder.iterdir())
-    raise FileNotFoundError(
-        f"no weights in {folder}: looked for {', '.join(WEIGHT_FILES + SHARD_INDEXES)}; "
-        f"the folder holds {present}"
-    )
+    from maskgrpo_ray.safe_files import load_torch_file
+
+    file = weights_file(folder)
+    if file.name.endswith(".bin"):
+        return load_torch_file(file, "model weights")
+    if file.name in WEIGHT_FILES:
+        return load_file(str(file))
+    shards = sorted(set(json.loads(file.read_text())["weight_map"].values()))
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(folder / shard)))
+    return state
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_config(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     return json.loads(file.read_text()) if file.is_file() else {}
 
@@ -263,7 +274,7 @@ def load_showo_transformer(
 ) -> tuple[ShowoTransformer, ShowoFolderConfig]:
     """Build the transformer from a Show-o folder with strict key matching."""
     folder = resolve_pretrained_folder(name_or_path, cache_dir=cache_dir)
-    cfg = ShowoFolderConfig.from_dict(_read_config(folder), folder)
+    cfg = ShowoFolderConfig.from_dict(read_config(folder), folder)
     state = read_weights(folder)
     if cfg.w_clip_vit:  # the understanding projector is not used for text-to-image
         state = {k: v for k, v in state.items() if not k.startswith("mm_projector.")}
@@ -286,7 +297,7 @@ def load_magvit(
     The LFQ buffers are checked against the bit layout (channel 0 = most significant bit).
     """
     folder = resolve_pretrained_folder(name_or_path, cache_dir=cache_dir)
-    cfg = MagvitConfig.from_dict(_read_config(folder))
+    cfg = MagvitConfig.from_dict(read_config(folder))
     state = read_weights(folder)
     if not with_encoder:
         state = {k: v for k, v in state.items() if not k.startswith("encoder.")}

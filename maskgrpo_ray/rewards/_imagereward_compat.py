@@ -111,6 +111,15 @@ def _bare_package(name: str, path: str) -> None:
 _MODULES: types.SimpleNamespace | None = None
 
 
+def installed_spec() -> Any:
+    """The installed ``ImageReward`` package's import spec; ImportError with the install
+    command when it is not there (nothing is imported)."""
+    spec = importlib.util.find_spec("ImageReward")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(_INSTALL_HINT)
+    return spec
+
+
 def import_imagereward() -> types.SimpleNamespace:
     """The ImageReward modules the reward uses, patched to run on transformers 5.x.
 
@@ -123,9 +132,7 @@ def import_imagereward() -> types.SimpleNamespace:
     global _MODULES
     if _MODULES is not None:
         return _MODULES
-    spec = importlib.util.find_spec("ImageReward")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(_INSTALL_HINT)
+    spec = installed_spec()
     patched = _patch_transformers_helpers()
     if "ImageReward" not in sys.modules:
         root = list(spec.submodule_search_locations)[0]

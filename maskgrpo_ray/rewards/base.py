@@ -19,6 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from maskgrpo_ray.errors import UserError, one_line
+
 __all__ = [
     "CompositeReward",
     "REWARD_REGISTRY",
@@ -180,14 +182,20 @@ _BUILTIN_KIND_MODULES = {
 }
 
 
+_CHECK_FILES: dict[str, Callable[..., None]] = {}
+
+
 def register_reward(
-    kind: str, *, takes_device: bool = False
+    kind: str, *, takes_device: bool = False, check_files: Callable[..., None] | None = None
 ) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator: make ``factory`` the builder of reward ``kind`` for :func:`build_reward`.
 
     Args:
         kind: the name used in the config (``"clip"``).
         takes_device: pass ``build_reward``'s ``device`` to the factory as ``device=``.
+        check_files: called with the factory's keyword arguments before anything starts
+            (:func:`check_reward_files`): raises a ``UserError`` when the reward's files are
+            not here, without building the model.
     """
 
     def decorate(factory: RewardFactory) -> RewardFactory:
@@ -196,9 +204,29 @@ def register_reward(
         REWARD_REGISTRY[kind] = factory
         if takes_device:
             _TAKES_DEVICE.add(kind)
+        if check_files is not None:
+            _CHECK_FILES[kind] = check_files
         return factory
 
     return decorate
+
+
+class RewardDependencyMissing(UserError, ImportError):
+    """A reward kind whose Python package is not installed."""
+
+
+class RewardKindUnknown(UserError, ValueError):
+    """A reward kind that no module registered."""
+
+
+def check_reward_files(specs: Sequence[RewardSpec]) -> None:
+    """Before any actor starts: every reward kind imports and finds its files (no model is
+    built, nothing is downloaded unless asked); raises a ``UserError`` naming what is missing."""
+    for spec in specs:
+        _factory(spec.kind)
+        check = _CHECK_FILES.get(spec.kind)
+        if check is not None:
+            check(**dict(spec.kwargs))
 
 
 @dataclass(frozen=True)
@@ -213,10 +241,15 @@ class RewardSpec:
 
 def _factory(kind: str) -> RewardFactory:
     if kind not in REWARD_REGISTRY and kind in _BUILTIN_KIND_MODULES:
-        importlib.import_module(_BUILTIN_KIND_MODULES[kind])
+        try:
+            importlib.import_module(_BUILTIN_KIND_MODULES[kind])
+        except ImportError as err:
+            raise RewardDependencyMissing(
+                f"reward kind {kind!r} cannot be used here: {one_line(str(err))}"
+            ) from err
     if kind not in REWARD_REGISTRY:
         known = sorted(set(REWARD_REGISTRY) | set(_BUILTIN_KIND_MODULES))
-        raise ValueError(
+        raise RewardKindUnknown(
             f"unknown reward kind {kind!r}; known kinds: {known}. A new kind registers itself "
             "with @register_reward(kind) in a module imported before build_reward is called"
         )

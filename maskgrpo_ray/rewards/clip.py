@@ -86,11 +86,11 @@ def resolve_clip_weights(
     found, candidates, looked, how = _locate_tag_weights(tag_cfg, cache_dir)
     if found is not None:
         return {"pretrained": found, **from_tag}
-    if weights.hf_hub_offline():
+    if not weights.downloads_allowed():
         raise weights.missing(
             f"CLIP reward {model_name}/{pretrained}", " or ".join(candidates), looked, how
         )
-    return {"pretrained": pretrained}  # not cached, hub allowed: open_clip downloads it
+    return {"pretrained": pretrained}  # not cached, download asked for: open_clip fetches it
 
 
 _HOW_FILE = "  - Point `pretrained` at a local open_clip checkpoint (.bin/.pt/.safetensors)."
@@ -158,7 +158,18 @@ def _token_count(tokenizer: Any, text: str) -> int:
     return len(inner(text)["input_ids"]) if callable(inner) else 0
 
 
-@register_reward("clip", takes_device=True)
+def check_files(
+    model_name: str = DEFAULT_MODEL,
+    pretrained: str | None = DEFAULT_PRETRAINED,
+    cache_dir: str | None = None,
+    **_: Any,
+) -> None:
+    """The weights :class:`ClipReward` with these arguments would load are here (or a
+    download was asked for); nothing is built."""
+    resolve_clip_weights(model_name, pretrained, cache_dir)
+
+
+@register_reward("clip", takes_device=True, check_files=check_files)
 class ClipReward(ModelReward):
     """CLIP score of each image with its prompt, from any open_clip model.
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.rewards import weights
-from maskgrpo_ray.rewards._imagereward_compat import import_imagereward
+from maskgrpo_ray.rewards._imagereward_compat import import_imagereward, installed_spec
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import ImagePreprocess, pixels_from_uint8
 
@@ -80,7 +80,8 @@ class BlipVisionSpec:
 def resolve_checkpoint(
     checkpoint: str, download_root: str | None = None, cache_dir: str | None = None
 ) -> str:
-    """Local path of the ImageReward weights; downloads only when the hub is allowed.
+    """Local path of the ImageReward weights; downloads only when asked
+    (``weights.downloads_allowed``).
 
     Raises:
         RewardWeightsMissingError: naming ``ImageReward.pt``, the places searched and the fixes.
@@ -97,7 +98,7 @@ def resolve_checkpoint(
         cached = weights.find_in_hf_cache(HF_REPO, CHECKPOINT_FILE, cache_dir)
         if cached is not None:
             return cached
-        if not weights.hf_hub_offline():
+        if weights.downloads_allowed():
             from huggingface_hub import hf_hub_download
 
             try:
@@ -113,6 +114,54 @@ def resolve_checkpoint(
     raise weights.missing("ImageReward reward", CHECKPOINT_FILE, looked, how)
 
 
+def locate_tokenizer(tokenizer: str, cache_dir: str | None = None) -> str | None:
+    """Where the tokenizer's ``vocab.txt`` is: the folder's, or the Hugging Face cache's (None:
+    not cached, a download was asked for).
+
+    Raises:
+        RewardWeightsMissingError: naming ``vocab.txt`` when the tokenizer is not here.
+    """
+    if os.path.isdir(tokenizer):
+        vocab = os.path.join(tokenizer, "vocab.txt")
+        if not os.path.isfile(vocab):
+            raise weights.missing(
+                "ImageReward tokenizer",
+                "vocab.txt",
+                [tokenizer],
+                "  - Point `tokenizer` at a folder with bert-base-uncased's vocab.txt.",
+            )
+        return vocab
+    return weights.hf_cached_file(
+        "ImageReward tokenizer",
+        tokenizer,
+        "vocab.txt",
+        cache_dir,
+        f"  - Point `tokenizer` at a folder holding {tokenizer}'s vocab.txt, or\n"
+        f"  - fill the cache: `hf download {tokenizer} vocab.txt tokenizer_config.json`"
+        " where there is internet, then copy the cache folder here.",
+    )
+
+
+def check_files(
+    checkpoint: str | None = RELEASED,
+    tokenizer: str = TOKENIZER,
+    download_root: str | None = None,
+    cache_dir: str | None = None,
+    **_: Any,
+) -> None:
+    """The package is installed, and the checkpoint and tokenizer :class:`ImageRewardReward`
+    with these arguments would load are here (or a download was asked for); nothing is built."""
+    from maskgrpo_ray.rewards.base import RewardDependencyMissing
+
+    try:
+        installed_spec()
+    except ImportError as err:
+        raise RewardDependencyMissing(f"reward kind 'imagereward': {err}") from None
+    if checkpoint is not None:
+        resolve_checkpoint(checkpoint, download_root, cache_dir)
+    locate_tokenizer(tokenizer, cache_dir)
+
+
 def load_tokenizer(tokenizer: str, cache_dir: str | None = None) -> Any:
     """BLIP's BERT tokenizer (``init_tokenizer``) from a local folder or the Hugging Face cache.
 
@@ -124,24 +173,10 @@ def load_tokenizer(tokenizer: str, cache_dir: str | None = None) -> Any:
     from transformers import BertTokenizer
 
     if os.path.isdir(tokenizer):
-        if not os.path.isfile(os.path.join(tokenizer, "vocab.txt")):
-            raise weights.missing(
-                "ImageReward tokenizer",
-                "vocab.txt",
-                [tokenizer],
-                "  - Point `tokenizer` at a folder with bert-base-uncased's vocab.txt.",
-            )
+        locate_tokenizer(tokenizer, cache_dir)
         tok = BertTokenizer.from_pretrained(tokenizer)
     else:
-        cached = weights.hf_cached_file(
-            "ImageReward tokenizer",
-            tokenizer,
-            "vocab.txt",
-            cache_dir,
-            f"  - Point `tokenizer` at a folder holding {tokenizer}'s vocab.txt, or\n"
-            f"  - fill the cache: `hf download {tokenizer} vocab.txt tokenizer_config.json`"
-            " where there is internet, then copy the cache folder here.",
-        )
+        cached = locate_tokenizer(tokenizer, cache_dir)
         tok = BertTokenizer.from_pretrained(
             tokenizer, cache_dir=cache_dir, local_files_only=cached is not None
         )
@@ -179,7 +214,7 @@ def _blip_builders(
         blip_pretrain.init_tokenizer, blip_pretrain.create_vit = saved
 
 
-@register_reward("imagereward", takes_device=True)
+@register_reward("imagereward", takes_device=True, check_files=check_files)
 class ImageRewardReward(ModelReward):
     """ImageReward score of each image with its prompt.
 
@@ -244,7 +279,9 @@ class ImageRewardReward(ModelReward):
                 return ir.ImageReward(med_config=config_path, device="cpu")
 
     def _load(self, path: str) -> None:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        from maskgrpo_ray.safe_files import load_torch_file
+
+        state = load_torch_file(path, "ImageReward weights")
         result = self.model.load_state_dict(state, strict=False)
         # what scoring uses must be there; the package itself loads with strict=False
         used = ("blip.visual_encoder.", "blip.text_encoder.", "mlp.")

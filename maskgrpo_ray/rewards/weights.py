@@ -1,9 +1,10 @@
 """Where a reward model's files are: local paths, the Hugging Face cache, the hub, and the error
 that says what is missing.
 
-A reward looks its weights (and tokenizer files) up when it is constructed, so that a reward actor
-fails at start, not after the first rollout; with ``HF_HUB_OFFLINE`` set, a file that is not
-cached fails at once instead of after network time-outs.
+A reward looks its weights (and tokenizer files) up when it is constructed (and ``maskgrpo``
+looks them up before any actor starts), so that a run fails at start, not after the first
+rollout. Nothing is downloaded unless asked: a file that is not here fails at once, unless
+``MASKGRPO_ALLOW_DOWNLOADS=1`` lets the hub fetch it (never with ``HF_HUB_OFFLINE`` set).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from maskgrpo_ray.errors import UserError
 
-class RewardWeightsMissingError(FileNotFoundError):
+
+class RewardWeightsMissingError(UserError, FileNotFoundError):
     """A reward model's weights (or tokenizer files) are not on this machine.
 
     Raised when the reward is constructed, so that a reward actor fails at start, not after the
@@ -33,6 +36,16 @@ def hf_hub_offline() -> bool:
     except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
         return env
     return env or bool(constants.HF_HUB_OFFLINE)
+
+
+ALLOW_DOWNLOADS_ENV = "MASKGRPO_ALLOW_DOWNLOADS"
+
+
+def downloads_allowed() -> bool:
+    """A file that is not here may be fetched from the hub: only when asked
+    (``MASKGRPO_ALLOW_DOWNLOADS=1``) and the hub is not offline (``HF_HUB_OFFLINE``)."""
+    asked = os.environ.get(ALLOW_DOWNLOADS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return asked and not hf_hub_offline()
 
 
 def find_in_hf_cache(repo_id: str, filename: str, cache_dir: str | None = None) -> str | None:
@@ -57,8 +70,8 @@ def missing_weights_message(what: str, file: str, looked_in: Sequence[str], how:
     places = "\n".join(f"  - {p}" for p in looked_in)
     return (
         f"{what}: file {file!r} not found.\nLooked in:\n{places}\nHow to provide it:\n"
-        f"{how}\n  - On a machine without internet set HF_HUB_OFFLINE=1 so that a missing file "
-        "fails at once instead of after network time-outs."
+        f"{how}\n  - Or let the project download it from the Hugging Face hub: set "
+        f"{ALLOW_DOWNLOADS_ENV}=1 (nothing is downloaded unless asked)."
     )
 
 
@@ -76,12 +89,12 @@ def hf_cached_file(
     what: str, repo_id: str, filename: str, cache_dir: str | None, how: str
 ) -> str | None:
     """Path of ``repo_id``'s ``filename`` in the Hugging Face cache; None when it is not cached
-    and the hub may be asked.
+    and a download is allowed (:func:`downloads_allowed`).
 
     Raises:
-        RewardWeightsMissingError: not cached and the hub is offline (``HF_HUB_OFFLINE``).
+        RewardWeightsMissingError: not cached, and no download allowed.
     """
     cached = find_in_hf_cache(repo_id, filename, cache_dir)
-    if cached is None and hf_hub_offline():
+    if cached is None and not downloads_allowed():
         raise missing(what, f"{repo_id}/{filename}", [hf_cache_place(cache_dir)], how)
     return cached
