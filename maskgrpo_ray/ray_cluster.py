@@ -14,6 +14,9 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from maskgrpo_ray.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,106 @@ def connect(
         dashboard_host="127.0.0.1",
     )
     return ClusterHandle(address=None, started_local=True)
+
+
+ATTACH_TIMEOUT_S = 20.0
+
+
+class NoCluster(UserError, ConnectionError):
+    """No running Ray cluster where a command that attaches to one looked."""
+
+
+def _local_head_address() -> str | None:
+    """The GCS address the newest head started on this machine wrote (``ray start`` and a
+    local ``ray.init`` both write it), or None."""
+    from ray._private.utils import read_ray_address
+
+    return read_ray_address() or None
+
+
+def use_token_if_present() -> None:
+    """``RAY_AUTH_MODE=token`` for this process when it is unset and a token is here
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``), as
+    ``deploy/submit.sh`` does; Ray reads it when imported, so call this before ``import ray``."""
+    token_file = Path.home() / ".ray" / "auth_token"
+    if "RAY_AUTH_MODE" not in os.environ and (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or token_file.exists()
+    ):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
+    """Join a *running* cluster for ``maskgrpo status`` / ``scale``, or fail in one line.
+
+    The address is found as ``ray job submit`` finds it: ``address`` (``--address``), then
+    ``RAY_ADDRESS``, then the local head's own address file. A head bound to loopback (as
+    ``docs/operations.md`` starts it) is joined on loopback. The GCS port is probed first
+    (a refused or silent port fails within ``timeout_s``), and the join itself is given
+    ``timeout_s`` too. Returns the address joined; raises :class:`NoCluster` naming the
+    address tried, where it came from and how to point elsewhere.
+    """
+    import socket
+    import threading
+
+    import ray
+
+    if ray.is_initialized():
+        return "(already connected)"
+    candidates = (
+        ("--address", address),
+        ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")),
+        ("the local head's address file", _local_head_address()),
+    )
+    source, found = next(((s, a) for s, a in candidates if a and a != "auto"), ("", None))
+    if found is None:
+        raise NoCluster(
+            "no running Ray cluster found (no --address, no RAY_ADDRESS, no head started on "
+            "this machine); start the job first, or pass --address HOST:PORT of its head"
+        )
+    where = f"{found} (from {source})"
+    host, _, port = found.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        raise NoCluster(f"{where}: not HOST:PORT of a Ray head's GCS; pass --address HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=min(timeout_s, 5.0)).close()
+    except OSError as err:
+        raise NoCluster(
+            f"no Ray head answers at {where}: {err.strerror or err}; start the job's cluster, "
+            "or point --address / RAY_ADDRESS at its head (HOST:6379)"
+        ) from None
+    kwargs: dict[str, Any] = {"address": found, "namespace": namespace, "log_to_driver": False}
+    if is_loopback_host(host):
+        force_loopback()
+        kwargs["_node_ip_address"] = "127.0.0.1"  # join the loopback head on loopback
+    errors: list[BaseException] = []
+    joined = threading.Event()
+
+    def join() -> None:
+        try:
+            ray.init(**kwargs)
+        except BaseException as err:  # noqa: BLE001 - reported below, in the caller
+            errors.append(err)
+        joined.set()
+
+    threading.Thread(target=join, daemon=True, name="maskgrpo-attach").start()
+    if not joined.wait(timeout_s):
+        raise NoCluster(
+            f"the Ray head at {where} did not let this process join within {timeout_s:.0f} s; "
+            "check that it is the job's head and reachable from here (--address / RAY_ADDRESS)"
+        )
+    if errors:
+        raise NoCluster(
+            f"could not join the Ray head at {where}: {one_line(str(errors[0]))}; if the "
+            "cluster uses token authentication, this process needs RAY_AUTH_MODE=token and "
+            "the cluster's token (RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+        )
+    return found
+
+
+def is_loopback_host(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def disconnect(handle: ClusterHandle) -> None:

@@ -449,3 +449,37 @@ def test_latency_panels_are_histogram_quantiles(dashboard):
             if "_bucket" in t["expr"]:
                 assert t["expr"].startswith("histogram_quantile("), t["expr"]
                 assert "sum by (le" in t["expr"], t["expr"]
+
+
+def test_the_head_start_leaves_the_token_file_owner_only(tmp_path):
+    """``deploy/start_head.sh`` with a stand-in ``ray`` that, like ``ray start --head``, writes
+    the token file world-readable: the script leaves it at 0600, starts the head on loopback
+    with token auth, and ray_cluster.yaml's head does the same after its ``ray start``."""
+    import stat
+
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    fake = tmp_path / "ray"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$RAY_AUTH_MODE $RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER $*" >> {log}\n'
+        'mkdir -p "$HOME/.ray"; (umask 022; echo tok > "$HOME/.ray/auth_token"); '
+        'chmod 644 "$HOME/.ray/auth_token"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "HOME": str(home), "RAY_BIN": str(fake)}
+    out = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "start_head.sh"), "--num-cpus=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    mode = stat.S_IMODE((home / ".ray" / "auth_token").stat().st_mode)
+    assert mode == 0o600, oct(mode)
+    calls = log.read_text().splitlines()
+    start = next(c for c in calls if " start --head" in c)
+    assert start.startswith("token 0 ") and "--node-ip-address=127.0.0.1" in start
+    assert "--dashboard-host=127.0.0.1" in start and "--num-cpus=2" in start
+    head = yaml.safe_load(CLUSTER_YAML.read_text())["head_start_ray_commands"][-1]
+    assert head.index("chmod 600 ~/.ray/auth_token") > head.index("ray start --head")

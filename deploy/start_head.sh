@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Start a local Ray head as docs/operations.md describes: every socket on 127.0.0.1, token
+# authentication on, and the token file ~/.ray/auth_token readable by its owner only (0600;
+# `ray start --head` leaves it at the umask's mode, 0644 on most machines).
+#
+#   deploy/start_head.sh [extra `ray start` options, e.g. --num-cpus=4]
+#
+# RAY_BIN overrides the `ray` executable (tests use a stand-in). Stop the head with `ray stop`.
+set -euo pipefail
+
+ray_bin="${RAY_BIN:-ray}"
+token="${HOME}/.ray/auth_token"
+export RAY_AUTH_MODE=token
+umask 077 # anything this script creates (the token file included) is the owner's only
+if [[ ! -s "$token" ]]; then
+    "$ray_bin" get-auth-token --generate >/dev/null
+fi
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "$ray_bin" start --head --node-ip-address=127.0.0.1 \
+    --dashboard-host=127.0.0.1 --metrics-export-port="${METRICS_EXPORT_PORT:-8090}" "$@"
+[[ -f "$token" ]] || { echo "deploy/start_head.sh: no token file at $token after ray start" >&2; exit 2; }
+chmod 600 "$token"
+echo "deploy/start_head.sh: head on 127.0.0.1, token auth on; token file $token mode $(stat -c %a "$token")"
