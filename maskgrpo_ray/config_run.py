@@ -98,7 +98,15 @@ class RunConfig(Strict):
         "finishes: what `maskgrpo eval --weights RUN_DIR` evaluates",
     )
     checkpoint_every_steps: int = Field(
-        0, ge=0, description="driver steps between checkpoints; 0: none"
+        0, ge=0, description="driver steps between checkpoints; 0: none by step count"
+    )
+    checkpoint_every_minutes: float = Field(
+        10.0,
+        ge=0,
+        description="also checkpoint at the first step boundary this many minutes after the "
+        "last checkpoint; with this or checkpoint_every_steps on, a checkpoint of the start "
+        "(step 0) is written too, so a lost learner always has one to come back to; 0 and "
+        "checkpoint_every_steps 0: no checkpoints (a lost learner ends the run)",
     )
     keep_checkpoints: int = Field(
         2,

@@ -27,7 +27,7 @@ from maskgrpo_ray.executor import Executor, PhaseTimer
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
 from maskgrpo_ray.phases import make_train_batch
-from maskgrpo_ray.recovery import Checkpoints, Preemption, RunFailed, StepAbandoned
+from maskgrpo_ray.recovery import Cadence, Checkpoints, Preemption, RunFailed, StepAbandoned
 from maskgrpo_ray.step_figures import (
     StepOutcome,
     closing_figures,
@@ -164,15 +164,16 @@ class _Loop:
     eval_prompts: list[str] | EvalSet
     base: dict[str, float]
     totals: dict[str, float]
+    cadence: Cadence
     pending: list[Pending] = field(default_factory=list)  # submitted steps, oldest first
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
         pending, self.pending = self.pending, []
-        out, self.pending = run_step(
-            self.ex, cfg, step, self.source, pending, ahead=steps_ahead(cfg, step, stop)
-        )
+        # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
+        ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
+        out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
         row = out.row
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
@@ -211,6 +212,9 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
         loop.runlog.truncate_from(0)
     loop.base = _evaluate(loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
+    if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
+        ckpts.save(0, loop.base, loop.totals)
+        loop.cadence.saved()
     return 0
 
 
@@ -220,7 +224,7 @@ def _steps(
     """The step loop. Returns (next step, the step of the newest checkpoint, abandoned)."""
     cfg, bar = loop.cfg, _progress_bar(loop.cfg, start_step)
     step = next_step = start_step
-    saved_step = start_step if start_step else None
+    saved_step = start_step if start_step or loop.cadence.enabled else None
     restarts = 0
     try:
         while step < cfg.train.steps and not stop.requested:
@@ -228,10 +232,11 @@ def _steps(
                 with stop.step():
                     row = loop.step(step, stop)
                 next_step = step + 1
-                ck = cfg.run.checkpoint_every_steps
-                if ck and next_step % ck == 0:
+                due = loop.cadence.at_step(next_step) or loop.cadence.time_due()
+                if due and not loop.pending:
                     t0 = time.monotonic()
                     ckpts.save(next_step, loop.base, loop.totals)
+                    loop.cadence.saved()
                     stop.save_s, saved_step = max(stop.save_s, time.monotonic() - t0), next_step
             except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
                 loop.drop_pending(rewind=False)  # the checkpoint has the source's state
@@ -286,7 +291,8 @@ def train(
     runlog = RunLog(run_dir)
     t_start = time.perf_counter()
     source = make_source(ex, cfg, stream)
-    loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, {"samples": 0.0, "train_seconds": 0.0})
+    totals = {"samples": 0.0, "train_seconds": 0.0}
+    loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg))
     ckpts = Checkpoints(cfg, ex, source, run_dir, runlog)
     start_step = _start(loop, ckpts, resume_from)
     stop = Preemption(cfg.run.preemption_grace_seconds)

@@ -27,6 +27,7 @@ from maskgrpo_ray.config import Config
 from maskgrpo_ray.executor import Executor
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog
+from maskgrpo_ray.safe_files import check_pickles, load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,32 @@ log = logging.getLogger(__name__)
 class RunFailed(RuntimeError):
     """The run cannot go on by itself; the message names the checkpoint and the command that
     resumes it (the CLI exits non-zero with it)."""
+
+
+class Cadence:
+    """When the step loop checkpoints: every ``run.checkpoint_every_steps`` steps, and at the
+    first step boundary ``run.checkpoint_every_minutes`` after the last checkpoint that has no
+    rollout submitted ahead (the loop submits none while such a checkpoint is due, so a
+    checkpoint never holds one in flight); with either on, also at the start (step 0)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.every_steps = cfg.run.checkpoint_every_steps
+        self.every_s = cfg.run.checkpoint_every_minutes * 60.0
+        self.last = time.monotonic()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every_steps or self.every_s)
+
+    def time_due(self) -> bool:
+        return bool(self.every_s) and time.monotonic() - self.last >= self.every_s
+
+    def at_step(self, next_step: int) -> bool:
+        """A step-count checkpoint falls on the boundary before ``next_step``."""
+        return bool(self.every_steps) and next_step % self.every_steps == 0
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
 
 
 @dataclass
@@ -63,11 +90,12 @@ class Checkpoints:
     def restore(self, folder: Path) -> tuple[int, dict, dict]:
         """Executor, group source and driver counters from a checkpoint: (next step, base,
         totals). ``folder`` is a local, verified copy (``CheckpointStore.fetch_valid``)."""
-        state = torch.load(folder / "driver.pt", weights_only=True)
+        check_pickles(folder)  # DeepSpeed unpickles its files freely: nothing foreign in them
+        state = load_torch_file(folder / "driver.pt", "a checkpoint's driver state")
         self.ex.load(folder)
         source = state.get("source")
         if source is None:  # a checkpoint written before the group source kept the filter
-            old = torch.load(folder / "executor.pt", weights_only=True)
+            old = load_torch_file(folder / "executor.pt", "a checkpoint's executor state")
             source = {"stream": state["stream"], "filter": old.get("filter")}
         self.source.load_state_dict(source)
         start_step = int(state["next_step"])
@@ -100,8 +128,8 @@ class Checkpoints:
                 raise RunFailed(
                     f"{lost}; the run has no checkpoint at {store.location} to restore the "
                     f"learner from (run.checkpoint_every_steps="
-                    f"{cfg.run.checkpoint_every_steps}): start it again with "
-                    "run.checkpoint_every_steps > 0"
+                    f"{cfg.run.checkpoint_every_steps}, run.checkpoint_every_minutes="
+                    f"{cfg.run.checkpoint_every_minutes:g}): start it again with either > 0"
                 ) from lost
             log.warning(
                 "%s: restoring the learner group and the run from checkpoint %s (attempt %d of %d)",

@@ -68,15 +68,29 @@ def test_drill_actors(clean, tmp_path, fault):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(900)
+def test_learner_lost_with_the_default_cadence_rolls_back_to_the_start(clean, tmp_path):
+    """No ``checkpoint_every_steps`` (the toy config's default): the run's start is a
+    checkpoint (``run.checkpoint_every_minutes`` is on by default), so a learner killed at step
+    3 rolls the run back to step 0 and it completes, equal to the uninterrupted run."""
+    out = drill.run_one("learner", tmp_path / "run", ["run.checkpoint_every_steps=0"])
+    row = drill.compare(clean, out)
+    _check(row, "learner")
+    assert row["learner_restarts"] == 1.0
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_learner_lost_without_checkpoint_exits_nonzero_naming_the_fix(
     ray_cluster, tmp_path, capsys
 ):
-    out = drill.run_one("learner", tmp_path / "run", ["run.checkpoint_every_steps=0"])
+    none = ["run.checkpoint_every_steps=0", "run.checkpoint_every_minutes=0"]
+    out = drill.run_one("learner", tmp_path / "run", none)
     assert out["exit_codes"] == [1]
     err = capsys.readouterr().err
     assert "learner rank 1 died during update" in err
-    assert "no checkpoint at" in err and "run.checkpoint_every_steps > 0" in err
+    assert "no checkpoint at" in err and "start it again with either > 0" in err
 
 
 # --------------------------------------------------------------- asynchronous rollouts (lag 1)
