@@ -160,6 +160,16 @@ class Recorder:
         if self.after is not None:
             self.after(step)
 
+    def per_step(self, first: int, time_scale: float) -> dict[str, list[float]]:
+        """Each measured step's wall interval (simulated s), own duration and trained groups."""
+        ends = self.t[first:]
+        return {
+            "interval_s": [(b - a) / time_scale for a, b in zip(ends, ends[1:], strict=False)],
+            "step_s": [r["step_seconds"] / time_scale for r in self.rows[first + 1 :]],
+            "groups_trained": [r["groups_trained"] for r in self.rows[first + 1 :]],
+            "groups_generated": [r["groups_generated"] for r in self.rows[first + 1 :]],
+        }
+
     def phases(self, first: int, time_scale: float) -> dict[str, float]:
         """Median simulated seconds per step of each phase (``time/*``) and of the step, over
         the steps after ``first`` (where the time goes)."""
@@ -209,6 +219,7 @@ def section_pipeline(args: argparse.Namespace, estimator: str, ex: Any) -> list[
             r.get("learner_busy_fraction", math.nan) for r in rec.rows[args.warmup :]
         )
         extra = {"learner_busy": busy, "phases_s": rec.phases(args.warmup - 1, ts)}
+        extra["per_step"] = rec.per_step(args.warmup - 1, ts)
         extra["ideal_R_L_W_s"] = ideal_costs(cfg, 8, 8)
         row = Row("pipeline", name, 8, 8, got, want, ideal.limit, extra)
         say(f"  {name}: {got:.2f} img/s of ideal {want:.2f} ({row.efficiency:.3f})")
@@ -326,6 +337,7 @@ def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
             "splits", f"{nr}+{n - nr} lag 1", nr, n - nr, got, ideal.asynchronous, ideal.limit
         )
         row.extra = {"phases_s": rec.phases(args.warmup - 1, ts_of(args, "trajectory"))}
+        row.extra["per_step"] = rec.per_step(args.warmup - 1, ts_of(args, "trajectory"))
         row.extra["ideal_R_L_W_s"] = ideal_costs(cfg, nr, n - nr)
         say(
             f"  {row.name}: {got:.2f} img/s of ideal {ideal.asynchronous:.2f}, limit {ideal.limit:.2f}"

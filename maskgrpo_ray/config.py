@@ -42,7 +42,7 @@ from maskgrpo_ray.config_training import (
     RewardConfig,
     TrainConfig,
 )
-from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.errors import UserError, read_utf8
 
 __all__ = [
     "RENAMED_FIELDS",
@@ -238,14 +238,7 @@ def read_yaml(p: Path) -> Any:
         raise ConfigError(f"--config {p}: no such file; check the path")
     if p.is_dir():
         raise ConfigError(f"--config {p}: a folder; give the YAML file (e.g. configs/toy.yaml)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except PermissionError:
-        raise ConfigError(f"--config {p}: not readable (permission denied); fix its mode") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"--config {p}: not UTF-8 text (byte {err.start}); save it as UTF-8 YAML"
-        ) from None
+    text = read_utf8(p, ConfigError, "--config ")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:

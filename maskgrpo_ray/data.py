@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray import geneval_schema
-from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.errors import UserError, read_utf8
 from maskgrpo_ray.models.registry import get_prompt_set
 
 log = logging.getLogger(__name__)
@@ -98,14 +98,7 @@ def _item_record(item: Any, column: str | None, where: str) -> PromptRecord:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except PermissionError:
-        raise PromptDataError(f"{path}: not readable (permission denied); fix its mode") from None
-    except UnicodeDecodeError as err:
-        raise PromptDataError(
-            f"{path}: not UTF-8 text (byte {err.start}); re-encode the file as UTF-8"
-        ) from err
+    return read_utf8(path, PromptDataError)
 
 
 def _json_records(path: Path, column: str | None) -> list[PromptRecord]:

@@ -9,6 +9,8 @@ other exception is a bug and keeps its traceback (exit 1).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class UserError(Exception):
     """A mistake the user can fix; the message says what, where and how (one line)."""
@@ -21,3 +23,16 @@ def one_line(message: str) -> str:
         if part:
             out += part if not out else (" " if out.endswith(":") else "; ") + part
     return out
+
+
+def read_utf8(path: Path, error: type[UserError], label: str = "") -> str:
+    """The text of a file a user named; ``error`` (one line: ``label`` and the path, why, the
+    fix) when it is not readable or not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except PermissionError:
+        raise error(f"{label}{path}: not readable (permission denied); fix its mode") from None
+    except UnicodeDecodeError as err:
+        raise error(
+            f"{label}{path}: not UTF-8 text (byte {err.start}); re-encode the file as UTF-8"
+        ) from None
