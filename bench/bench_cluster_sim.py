@@ -186,6 +186,13 @@ class Recorder:
         return trained / (self.t[last] - self.t[first])
 
 
+def last_measured(rec: Recorder) -> int:
+    """The last step a throughput window may end on: not the run's final step, which submits no
+    rollout ahead (there is no next step) and so runs shorter than a steady-state step wherever
+    rollouts are the bottleneck (a window ending on it read 1.04 of the ideal at 2 + 14)."""
+    return len(rec.t) - 2
+
+
 def train_steps(cfg: Any, ex: Any, steps: int, after: Any = None) -> Recorder:
     """``driver.train`` for ``steps`` steps on ``ex`` (the real loop), recording step ends."""
     from maskgrpo_ray import driver
@@ -211,8 +218,8 @@ def section_pipeline(args: argparse.Namespace, estimator: str, ex: Any) -> list[
     ideal, ts, g = ideal_of(cfg, 8, 8), ts_of(args, estimator), cfg.rollout.samples_per_prompt
     rows = []
     for lag in (0, 1, 2):
-        rec = train_steps(with_lag(cfg, lag), ex, args.warmup + args.steps)
-        got = rec.images_per_s(args.warmup - 1, len(rec.t) - 1, g) * ts
+        rec = train_steps(with_lag(cfg, lag), ex, args.warmup + args.steps + 1)
+        got = rec.images_per_s(args.warmup - 1, last_measured(rec), g) * ts
         want = ideal.sync if lag == 0 else ideal.asynchronous
         name = f"8+8 {estimator} " + ("sync" if lag == 0 else f"lag {lag}")
         busy = statistics.median(
@@ -245,7 +252,7 @@ def section_live(args: argparse.Namespace, ex: Any) -> list[Row]:
 
     rec = train_steps(cfg, ex, 2 * at + 3, after=scale)
     before = rec.images_per_s(args.warmup - 1, at - 1, g) * ts
-    after = rec.images_per_s(at + 2, len(rec.t) - 1, g) * ts
+    after = rec.images_per_s(at + 2, last_measured(rec), g) * ts
     i4, i16 = ideal_of(cfg, 4, 8), ideal_of(cfg, 16, 8)
     r1 = Row("live", "4 rollout actors (before)", 4, 8, before, i4.asynchronous, i4.limit)
     r2 = Row("live", "16 rollout actors (after)", 16, 8, after, i16.asynchronous, i16.limit)
@@ -330,8 +337,8 @@ def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
         say(f"split {nr}+{n - nr}")
         ex.scale_rollout(nr)
         resize_learner(ex, n - nr)
-        rec = train_steps(cfg, ex, args.warmup + args.steps)
-        got = rec.images_per_s(args.warmup - 1, len(rec.t) - 1, cfg.rollout.samples_per_prompt)
+        rec = train_steps(cfg, ex, args.warmup + args.steps + 1)
+        got = rec.images_per_s(args.warmup - 1, last_measured(rec), cfg.rollout.samples_per_prompt)
         got *= ts_of(args, "trajectory")
         row = Row(
             "splits", f"{nr}+{n - nr} lag 1", nr, n - nr, got, ideal.asynchronous, ideal.limit
