@@ -401,10 +401,9 @@ class RayExecutor:
         machine through the object store), version, RNG streams (the group source saves the
         filter's history)."""
         self.learner.save(str((folder / "learner").resolve()))
-        state = {"policy_version": self.policy_version}
-        torch.save(
-            {**state, "step_generator": self.learner.planner.state()}, folder / "executor.pt"
-        )
+        planner = self.learner.planner.state()
+        state = {"policy_version": self.policy_version, "step_generator": planner}
+        torch.save(state, folder / "executor.pt")
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote, then give every rollout actor those weights."""

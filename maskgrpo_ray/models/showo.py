@@ -30,14 +30,14 @@ from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.magvit import CoderConfig, MagvitConfig, MAGVITv2, pixels_to_uint8
 from maskgrpo_ray.models.registry import ModelEntry, register_model
 from maskgrpo_ray.models.showo_loading import (
-    ModelFilesMissing,
+    BUILTIN_TOKENIZERS,
+    DEFAULT_MAGVIT,
     ShowoFolderConfig,
+    check_model_files,
     load_magvit,
     load_showo_transformer,
-    read_config,
     resolve_pretrained_folder,
     save_showo_folder,
-    weights_file,
 )
 from maskgrpo_ray.models.showo_phi import LayerKV, PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import (
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
-BUILTIN_TOKENIZERS = ("builtin:hashing", "builtin:integer-ids")
-DEFAULT_MAGVIT = "showlab/magvitv2"
 MAGVIT_DOWNSAMPLE = 16  # pixels per image token side
 
 
@@ -433,40 +431,6 @@ def _build(model: ModelConfig, device: torch.device) -> ShowoPolicy:
     return policy_from_config(model.showo, device=device)
 
 
-def check_files(settings: ShowoSettings) -> None:
-    """Before any actor starts: the Show-o, MAGVIT-v2 and tokenizer folders resolve (local or
-    in the HF cache; nothing is downloaded) and hold weights; :class:`ModelFilesMissing`
-    otherwise, naming the field, the path and the fix."""
-    if settings.tiny_random:
-        return
-    fields = (
-        ("model.showo.showo_path", settings.showo_path),
-        ("model.showo.magvit_path", settings.magvit_path or DEFAULT_MAGVIT),
-    )
-    folders = {}
-    for field, spec in fields:
-        try:
-            folders[field] = resolve_pretrained_folder(str(spec))
-            weights_file(folders[field])
-        except ModelFilesMissing as err:
-            raise ModelFilesMissing(f"{field}: {err}") from None
-    tokenizer = settings.tokenizer_path
-    if tokenizer is None:
-        folder = folders["model.showo.showo_path"]
-        tokenizer = ShowoFolderConfig.from_dict(read_config(folder), folder).llm_model_path
-    if tokenizer not in BUILTIN_TOKENIZERS:
-        try:
-            resolve_pretrained_folder(tokenizer)
-        except ModelFilesMissing as err:
-            raise ModelFilesMissing(
-                f"model.showo.tokenizer_path (default: the checkpoint's llm_model_path): {err}"
-            ) from None
-
-
-def _check_files(model: ModelConfig) -> None:
-    check_files(model.showo)
-
-
 def _check(cfg: Config) -> None:
     s = cfg.model.showo
     if not (s.tiny_random or s.showo_path):
@@ -479,6 +443,6 @@ def _check(cfg: Config) -> None:
 register_model(
     "showo",
     ModelEntry(
-        build=_build, config_section=ShowoModelConfig, check=_check, check_files=_check_files
+        build=_build, config_section=ShowoModelConfig, check=_check, check_files=check_model_files
     ),
 )

@@ -27,6 +27,8 @@ from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2, lfq_codebook
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import ShowoVocab
 
+BUILTIN_TOKENIZERS = ("builtin:hashing", "builtin:integer-ids")  # stand-ins (tiny test models)
+DEFAULT_MAGVIT = "showlab/magvitv2"
 WEIGHT_FILES = ("pytorch_model.safetensors", "model.safetensors", "pytorch_model.bin")
 SHARD_INDEXES = ("pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 EXPORT_WEIGHTS = "pytorch_model.safetensors"
@@ -329,3 +331,39 @@ def _save(folder: str | Path, state: Mapping[str, torch.Tensor], config: dict[st
     save_file(tensors, str(out / EXPORT_WEIGHTS), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def check_files(settings: Any) -> None:
+    """Before any actor starts: the Show-o, MAGVIT-v2 and tokenizer folders of ``settings`` (a
+    ``model.showo`` section) resolve (local or in the HF cache; nothing is downloaded) and hold
+    weights; :class:`ModelFilesMissing` otherwise, naming the field, the path and the fix."""
+    if settings.tiny_random:
+        return
+    places = (
+        ("model.showo.showo_path", settings.showo_path),
+        ("model.showo.magvit_path", settings.magvit_path or DEFAULT_MAGVIT),
+    )
+    folders = {}
+    for key, spec in places:
+        try:
+            folders[key] = resolve_pretrained_folder(str(spec))
+            weights_file(folders[key])
+        except ModelFilesMissing as err:
+            raise ModelFilesMissing(f"{key}: {err}") from None
+    tokenizer = settings.tokenizer_path
+    if tokenizer is None:
+        folder = folders["model.showo.showo_path"]
+        tokenizer = ShowoFolderConfig.from_dict(read_config(folder), folder).llm_model_path
+    if tokenizer not in BUILTIN_TOKENIZERS:
+        try:
+            resolve_pretrained_folder(tokenizer)
+        except ModelFilesMissing as err:
+            raise ModelFilesMissing(
+                f"model.showo.tokenizer_path (default: the checkpoint's llm_model_path): {err}"
+            ) from None
+
+
+def check_model_files(model: Any) -> None:
+    """The registry's ``check_files`` of ``model.kind: showo`` (:func:`check_files` of its
+    ``model.showo`` section)."""
+    check_files(model.showo)
