@@ -1,6 +1,6 @@
 """What the run's actors answer besides their work.
 
-:class:`ActorProcess`: a ping (``ready``) and the process id (``pid``), what a pool, the driver
+:class:`ActorProcess`: a ping (``ready``), the process id (``pid``) and node, what a pool, the driver
 and the weight sync wait on and what an operator or a fault drill signals. :class:`PoolActor`
 adds what a member of a rollout or reward pool has: its id, and the prompts' metadata that the
 reward components with ``uses_prompt_metadata`` read.
@@ -22,6 +22,12 @@ class ActorProcess:
     def pid(self) -> int:
         """The actor's process id (what an operator or a fault drill signals)."""
         return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node the actor runs on (where a lost node's actors were)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
 
 class PoolActor(ActorProcess):

@@ -20,6 +20,25 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from maskgrpo_ray.settings import ActorResources, RunSettings
 
 log = logging.getLogger(__name__)
+PLACEMENT_NOTICE_S = 10.0  # a placement group not ready this long is announced once
+
+
+def wait_placement(pg: Any, what: str, bundles: list[dict[str, float]], timeout_s: float) -> None:
+    """Wait until ``pg`` is placed. Past :data:`PLACEMENT_NOTICE_S` say once, in one line, what
+    it waits for (a node lost, or a cluster too small: capacity may come back, e.g. from the
+    autoscaler), then wait up to ``timeout_s`` in all; past it, a :class:`GetTimeoutError`."""
+    ready, _ = ray.wait([pg.ready()], timeout=min(PLACEMENT_NOTICE_S, timeout_s))
+    if ready:
+        return
+    log.warning(
+        "%s waits for a node with %s free (none has it now: a node lost, or the cluster is "
+        "too small); waiting up to %.0f s for capacity to come back",
+        what,
+        " + ".join(str(b) for b in bundles),
+        timeout_s,
+    )
+    ray.get(pg.ready(), timeout=max(timeout_s - PLACEMENT_NOTICE_S, 1.0))
+    log.warning("%s placed", what)
 
 
 @dataclass
@@ -72,13 +91,15 @@ class ActorPool:
         """Start one member (not yet waited for) and add it to the pool."""
         res = self.resources
         opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+        if res.custom:
+            opts["resources"] = dict(res.custom)
         pg = None
         if res.num_gpus > 0:  # GPU and CPUs reserved together, in a group of their own
-            bundle = {"GPU": res.num_gpus}
+            bundle = {"GPU": res.num_gpus, **res.custom}
             if res.num_cpus > 0:
                 bundle["CPU"] = res.num_cpus
             pg = placement_group([bundle])
-            ray.get(pg.ready(), timeout=self.timeout_s)
+            wait_placement(pg, f"{self.name} actor {self._next_id}", [bundle], self.timeout_s)
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
         member = Member(self.make(self._next_id, opts), self._next_id, pg)
         self._next_id += 1

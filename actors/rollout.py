@@ -101,6 +101,12 @@ class RolloutActor(PoolActor):
         self.version = int(version)
         return self.version
 
+    def weights(self) -> tuple[dict[str, torch.Tensor], int]:
+        """This actor's weights (the whole state dict, on the CPU) and their version: what a
+        learner restarted without a checkpoint starts from."""
+        state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+        return state, self.version
+
     def generate(self, prompts: list[str], positions: list[int], seed: int) -> RolloutBatch:
         """``G`` samples for each prompt of the chunk, tagged with this actor's version."""
         t0 = time.perf_counter()

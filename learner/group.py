@@ -17,6 +17,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from maskgrpo_ray.actors.pool import wait_placement
 from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
 from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner
@@ -51,7 +52,11 @@ class LearnerGroup:
         timeout_s: longest wait for any learner call.
     """
 
-    def __init__(self, settings: RunSettings, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, settings: RunSettings, timeout_s: float = 600.0, initial: Any = None
+    ) -> None:
+        """``initial``: an object reference to the weights every rank starts from (None: the
+        model config's)."""
         self.settings, self.timeout_s = settings, timeout_s
         lc = settings.learner
         self.world_size = lc.num_workers
@@ -68,25 +73,32 @@ class LearnerGroup:
             for k, v in (("CPU", lc.num_cpus_per_worker), ("GPU", lc.num_gpus_per_worker))
             if v > 0
         }
+        bundle.update(lc.custom_resources)
         self.pg = None
         opts: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
         if bundle:
             self.pg = placement_group(
                 [dict(bundle) for _ in range(self.world_size)], strategy="PACK"
             )
-            ray.get(self.pg.ready(), timeout=timeout_s)
+            what = f"the learner group ({self.world_size} ranks)"
+            wait_placement(self.pg, what, [dict(bundle)] * self.world_size, timeout_s)
             opts = [
                 {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, i)}
                 for i in range(self.world_size)
             ]
         self.workers = [
             RemoteLearnerWorker.options(
-                num_cpus=lc.num_cpus_per_worker, num_gpus=lc.num_gpus_per_worker, **opts[i]
+                num_cpus=lc.num_cpus_per_worker,
+                num_gpus=lc.num_gpus_per_worker,
+                resources=dict(lc.custom_resources) or None,
+                **opts[i],
             ).remote(settings.model, settings.update, lc, i, self.world_size)
             for i in range(self.world_size)
         ]
         addr, port = ray.get(self.workers[0].address.remote(), timeout=timeout_s)
-        counts = ray.get([w.setup.remote(addr, port) for w in self.workers], timeout=timeout_s)
+        counts = ray.get(
+            [w.setup.remote(addr, port, initial) for w in self.workers], timeout=timeout_s
+        )
         log.info("learner: %d ranks, %d trained parameters each", self.world_size, counts[0])
         self.planner = UpdatePlanner(settings.update)
         self.version = 0

@@ -206,9 +206,16 @@ class LearnerWorker(ActorProcess):
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size)
 
-    def setup(self, master_addr: str, master_port: int) -> int:
-        """Join the group and build the engine; returns the number of trained parameters."""
+    def setup(
+        self, master_addr: str, master_port: int, initial: dict[str, torch.Tensor] | None = None
+    ) -> int:
+        """Join the group and build the engine (from ``initial``'s weights when given: a
+        learner restarted without a checkpoint; the KL reference stays the base model); returns
+        the number of trained parameters."""
         import deepspeed
+
+        if initial is not None:
+            self.policy.load_state_dict(initial, strict=False)
 
         skip_shm_comm_build()
         env = {

@@ -130,6 +130,12 @@ class RolloutConfig(Strict):
     num_actors: int = Field(2, ge=1, description="rollout actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per rollout actor")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout actor")
+    custom_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each rollout actor asks for besides CPUs and GPUs, e.g. "
+        "{rollout_node: 0.01}: it is then placed only on nodes that advertise them (ray_cluster.yaml's "
+        "rollout_gpu node type does); empty: any node",
+    )
     prompts_per_chunk: int = Field(
         0, ge=0, description="prompts per pull-based rollout request; 0: ceil(B / num_actors)"
     )

@@ -106,7 +106,8 @@ class RunConfig(Strict):
         description="also checkpoint at the first step boundary this many minutes after the "
         "last checkpoint; with this or checkpoint_every_steps on, a checkpoint of the start "
         "(step 0) is written too, so a lost learner always has one to come back to; 0 and "
-        "checkpoint_every_steps 0: no checkpoints (a lost learner ends the run)",
+        "checkpoint_every_steps 0: no checkpoints (a lost learner then restarts from the rollout "
+        "actors' weights with fresh optimizer state: the run goes on, no longer exact)",
     )
     keep_checkpoints: int = Field(
         2,
@@ -135,7 +136,8 @@ class RunConfig(Strict):
         description=(
             "a lost learner rank (dead or hung) makes the run restore a new learner group and "
             "itself from the newest checkpoint, in the same job, this many times per run; past "
-            "it, or with no checkpoint, the run exits non-zero naming the checkpoint"
+            "it the run exits non-zero naming the checkpoint (with no checkpoint the new group "
+            "starts from the rollout actors' weights with fresh optimizer state)"
         ),
     )
     preemption_grace_seconds: float = Field(

@@ -36,6 +36,12 @@ class RewardConfig(Strict):
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per reward actor")
+    custom_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each reward actor asks for besides CPUs and GPUs, e.g. "
+        "{rollout_node: 0.01}: it is then placed only on nodes that advertise them (ray_cluster.yaml's "
+        "rollout_gpu node type does); empty: any node",
+    )
     max_restarts: int = Field(
         8, ge=0, description="dead or hung reward actors replaced per run; past it, dropped"
     )
@@ -149,6 +155,12 @@ class LearnerConfig(Strict):
     bf16: bool = Field(False, description="DeepSpeed bf16 mixed precision")
     num_cpus_per_worker: float = Field(0.5, ge=0, description="Ray CPUs reserved per learner rank")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank")
+    custom_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each learner rank asks for besides CPUs and GPUs, e.g. "
+        "{learner_node: 0.01}: it is then placed only on nodes that advertise them (ray_cluster.yaml's "
+        "learner_gpu node type does); empty: any node",
+    )
     torch_threads_per_worker: int = Field(
         0,
         ge=0,

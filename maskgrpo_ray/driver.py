@@ -166,11 +166,14 @@ class _Loop:
     totals: dict[str, float]
     cadence: Cadence
     pending: list[Pending] = field(default_factory=list)  # submitted steps, oldest first
+    step_start: dict[str, Any] = field(default_factory=dict)  # the source's state before it
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
         pending, self.pending = self.pending, []
+        # where a learner lost without a checkpoint redoes this step from
+        self.step_start = pending[0].before if pending else self.source.state_dict()
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
         out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
@@ -241,7 +244,14 @@ def _steps(
             except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
                 loop.drop_pending(rewind=False)  # the checkpoint has the source's state
                 restarts += 1
-                step, loop.base, loop.totals = ckpts.recover_learner(lost, restarts)
+                back = ckpts.recover_learner(lost, restarts)
+                if back is None:  # no checkpoint: the learner has the rollout actors' weights
+                    if next_step == step:  # lost in the step: it runs again, from its start
+                        loop.source.load_state_dict(loop.step_start)
+                        continue
+                    step += 1  # (lost saving a checkpoint, in Cadence.enabled runs only)
+                    continue
+                step, loop.base, loop.totals = back
                 next_step = saved_step = step
                 if bar is not None:
                     bar.n = step

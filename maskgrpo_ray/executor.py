@@ -87,7 +87,9 @@ class Executor(GroupWork, Protocol):
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote."""
 
-    def restart_learner(self, lost: Exception) -> None:
-        """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it."""
+    def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
+        """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it. With
+        ``from_rollouts`` (no checkpoint to restore) it starts from the rollout actors' weights
+        and version, with fresh optimizer state, and the rollout actors are re-synced."""
 
     def shutdown(self) -> None: ...

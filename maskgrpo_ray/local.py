@@ -84,7 +84,7 @@ class LocalExecutor:
     def load_filter_state(self, state: dict[str, Any] | None) -> None:
         self.filt = None if state is None else StdHistoryFilter.from_state_dict(state)
 
-    def restart_learner(self, lost: Exception) -> None:
+    def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
         """The learner is this process: it cannot be lost on its own."""
         raise RuntimeError(f"the local backend has no separate learner to restart ({lost})")
 

@@ -220,24 +220,45 @@ class RayExecutor:
         )
         return fresh
 
-    def restart_learner(self, lost: Exception) -> None:
+    def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
         """Replace the whole learner group after ``lost`` (its state is gone): the old ranks
         are killed (survivors may be stuck in a collective with the lost one) and a new group
         is started with the base weights. The caller restores it from a checkpoint
-        (:meth:`load`), which also re-syncs the rollout actors."""
+        (:meth:`load`), which also re-syncs the rollout actors. ``from_rollouts`` (no
+        checkpoint): the new group starts from the newest weights a rollout actor holds, at
+        that version, with fresh optimizer state, and every rollout actor is synced to it."""
         self.events.append((time.monotonic(), "learner", "lost"))
         t0 = time.perf_counter()
         log.warning("%s: killing the learner group and starting a new one", lost)
         self.learner.shutdown(graceful=False)
-        self.learner = LearnerGroup(self.settings, self.timeout_s)
+        planner = self.learner.planner.state()
+        initial, version = self._rollout_weights() if from_rollouts else (None, 0)
+        self.learner = LearnerGroup(self.settings, self.timeout_s, initial)
         self.sync.attach(self.learner, self.rollouts.handles())
         self.counters["learner_restarts"] = self.counters.get("learner_restarts", 0.0) + 1
+        if from_rollouts:
+            self.learner.planner.load_state(planner)
+            self.learner.version = self.policy_version = version
+            self.sync_weights()
+            self.counters["learner_fallbacks"] = self.counters.get("learner_fallbacks", 0.0) + 1
+            self.metrics.count("maskgrpo_learner_fallbacks_total")
+            self.events.append((time.monotonic(), "learner", "restored"))
         self.metrics.count(
             "maskgrpo_actors_lost_total",
             tags={"role": "learner", "why": getattr(lost, "why", "died")},
         )
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "learner"})
         self.last_recovery_s = time.perf_counter() - t0
+
+    def _rollout_weights(self) -> tuple[Any, int]:
+        """(an object reference to the weights, their version) of the rollout actor with the
+        newest version (they differ only if the learner was lost during a sync)."""
+        versions = ray.get(
+            [h.status.remote() for h in self.rollouts.handles()], timeout=self.timeout_s
+        )
+        newest = max(range(len(versions)), key=lambda i: versions[i]["version"])
+        state, version = self.rollouts.handles()[newest].weights.options(num_returns=2).remote()
+        return state, int(ray.get(version, timeout=self.timeout_s))
 
     def learner_pids(self) -> list[int]:
         return self.learner.pids()
@@ -388,6 +409,7 @@ class RayExecutor:
         out["reward_actors"] = float(len(self.rewards))
         out["rollout_actor_restarts"] = float(self.restarts["rollout"])
         out["reward_actor_restarts"] = float(self.restarts["reward"])
+        out["filter_actor_restarts"] = float(self.filters.restarts)
         out["actor_recovery_seconds"] = self.last_recovery_s
         out["learner_world_size"] = float(self.learner.world_size)
         out["weight_sync_bytes"] = float(self.last_sync_bytes)

@@ -51,6 +51,9 @@ class RemoteFilter:
         self.actor = RemoteFilterActor.options(num_cpus=0).remote(settings)
         self.copy = FilterActor(settings)
         self.last_recovery_s = 0.0
+        self.restarts = (
+            0  # filter actors replaced in this process (the row's filter_actor_restarts)
+        )
 
     def wait_ready(self) -> None:
         ray.get(self.actor.ready.remote(), timeout=self.timeout_s)
@@ -81,6 +84,7 @@ class RemoteFilter:
         self.actor = RemoteFilterActor.options(num_cpus=0).remote(self.settings)
         ray.get(self.actor.load_state_dict.remote(self.copy.state_dict()), timeout=self.timeout_s)
         self.last_recovery_s = time.perf_counter() - t0
+        self.restarts += 1
         self.on_event("filter", "replaced")
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "filter"})
 

@@ -54,6 +54,7 @@ COUNTERS = {
     "maskgrpo_reward_failures_total": "samples whose reward component score was lost, by component and kind (raised, nonfinite, bad_shape)",
     "maskgrpo_actors_lost_total": "rollout, reward or filter actors lost, by role and why (died, hung)",
     "maskgrpo_actor_restarts_total": "lost actors replaced by a fresh one, by role",
+    "maskgrpo_learner_fallbacks_total": "learner groups restarted from the rollout actors' weights with fresh optimizer state (no checkpoint to restore)",
 }
 COUNTER_TAGS = {
     "maskgrpo_reward_failures_total": ("component", "kind"),

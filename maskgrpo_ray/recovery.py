@@ -103,12 +103,14 @@ class Checkpoints:
         log.info("resumed from %s at step %d", folder, start_step)
         return start_step, dict(state["base"]), dict(state["totals"])
 
-    def recover_learner(self, lost: LearnerLost, attempt: int) -> tuple[int, dict, dict]:
+    def recover_learner(self, lost: LearnerLost, attempt: int) -> tuple[int, dict, dict] | None:
         """After a lost learner rank: a new learner group, and the executor, the source, the
         driver's counters and ``metrics.jsonl`` rolled back to the newest valid checkpoint
         (:meth:`restore`). The steps after it run again, so none is lost or trained twice.
-        Bounded by ``run.max_learner_restarts``; past it, or with no checkpoint,
-        :class:`RunFailed`."""
+        With no checkpoint (both cadences 0): the new group starts from the rollout actors'
+        weights with fresh optimizer state, announced in one warning and counted
+        (``learner_fallbacks``), and None is returned (the caller redoes the step). Bounded by
+        ``run.max_learner_restarts``; past it, :class:`RunFailed`."""
         cfg, run_dir = self.cfg, self.run_dir
         store = run_store(cfg.run, run_dir)
         resume = f"maskgrpo train --resume {run_dir}"
@@ -125,12 +127,8 @@ class Checkpoints:
         with tempfile.TemporaryDirectory(prefix=".recover-", dir=run_dir) as scratch:
             folder = store.fetch_valid(Path(scratch))
             if folder is None:
-                raise RunFailed(
-                    f"{lost}; the run has no checkpoint at {store.location} to restore the "
-                    f"learner from (run.checkpoint_every_steps="
-                    f"{cfg.run.checkpoint_every_steps}, run.checkpoint_every_minutes="
-                    f"{cfg.run.checkpoint_every_minutes:g}): start it again with either > 0"
-                ) from lost
+                self._continue_from_rollouts(lost, store.location)
+                return None
             log.warning(
                 "%s: restoring the learner group and the run from checkpoint %s (attempt %d of %d)",
                 lost,
@@ -152,6 +150,27 @@ class Checkpoints:
             out[0],
         )
         return out
+
+    def _continue_from_rollouts(self, lost: LearnerLost, location: str) -> None:
+        cfg = self.cfg
+        log.warning(
+            "%s; no checkpoint at %s (run.checkpoint_every_steps=%d, "
+            "run.checkpoint_every_minutes=%g): the learner continues from the rollout actors' "
+            "weights with fresh optimizer state, so the run is no longer the one an "
+            "uninterrupted run would be (counted in learner_fallbacks; set either cadence > 0 "
+            "for an exact roll-back)",
+            lost,
+            location,
+            cfg.run.checkpoint_every_steps,
+            cfg.run.checkpoint_every_minutes,
+        )
+        try:
+            self.ex.restart_learner(lost, from_rollouts=True)
+        except Exception as err:
+            raise RunFailed(
+                f"{lost}; a new learner group could not be started from the rollout actors' "
+                f"weights ({err}) and the run has no checkpoint at {location}"
+            ) from err
 
 
 class StepAbandoned(Exception):

@@ -8,7 +8,7 @@ run with the same values by construction.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -91,6 +91,7 @@ class LearnerSettings:
     num_cpus_per_worker: float
     num_gpus_per_worker: float
     torch_threads_per_worker: int  # 0: auto (see LearnerWorker), Ray's on GPU
+    custom_resources: dict[str, float]  # custom Ray resources per rank
     activation_checkpointing: bool = False
     weight_sync: str = "object_store"  # resolved: "object_store" or "collective"
     weight_sync_bucket_bytes: int = 256 << 20
@@ -117,6 +118,7 @@ class FilterSettings:
 class ActorResources:
     num_cpus: float
     num_gpus: float
+    custom: dict[str, float] = field(default_factory=dict)  # custom Ray resources
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,9 @@ def _healing(section: RolloutConfig | RewardConfig) -> PoolHealing:
 
 
 def _resources(section: RolloutConfig | RewardConfig) -> ActorResources:
-    return ActorResources(section.num_cpus_per_actor, section.num_gpus_per_actor)
+    return ActorResources(
+        section.num_cpus_per_actor, section.num_gpus_per_actor, dict(section.custom_resources)
+    )
 
 
 def settings_from_config(cfg: Config) -> RunSettings:
