@@ -1,0 +1,220 @@
+"""Faults in a real Ray job on a local head (started as docs/operations.md starts one:
+``deploy/start_head.sh``, 127.0.0.1 only, token auth on), the job submitted with
+``ray job submit``: SIGKILL of the job's driver process, then the same command submitted again
+(it resumes from the newest checkpoint); SIGKILL of a learner rank (the run restores a new
+learner group from its checkpoint inside the job). Both jobs must end with final weights
+bit-equal to an uninterrupted job's. Slow: three toy jobs of 12 steps on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+RAY = Path(sys.executable).with_name("ray")
+STEPS = 12
+SETTINGS = [
+    f"train.steps={STEPS}",
+    "train.prompts_per_step=4",
+    "rollout.unmasking_steps=4",
+    "eval.samples_per_prompt=1",
+    "rollout.num_actors=2",
+    "reward.num_actors=1",
+    "learner.num_workers=2",
+    "rollout.num_cpus_per_actor=0.25",
+    "reward.num_cpus_per_actor=0.25",
+    "learner.num_cpus_per_worker=0.25",
+    "logging.progress_bar=false",
+    "logging.sample_grid_every_steps=0",
+    "filter.warmup_groups=4",
+    "run.checkpoint_every_steps=3",
+]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _pids(needle: str, prefix: str = "") -> list[int]:
+    """Processes whose command line holds ``needle`` (and starts with ``prefix``)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            line = _cmdline(int(p.name))
+            if needle in line and line.startswith(prefix):
+                out.append(int(p.name))
+    return out
+
+
+def _steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for x in path.read_text().splitlines() if x.strip())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Head:
+    def __init__(self, tmp: Path) -> None:
+        home = tmp / "home"
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(HOME=str(home), RAY_BIN=str(RAY), PATH=f"{RAY.parent}:{env['PATH']}")
+        env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+        env["RAY_AUTH_MODE"] = "token"
+        env["METRICS_EXPORT_PORT"] = str(_free_port())
+        port, self.dash = _free_port(), _free_port()
+        self.env = env
+        out = subprocess.run(
+            [
+                "bash",
+                str(ROOT / "deploy" / "start_head.sh"),
+                "--num-cpus=4",
+                f"--port={port}",
+                f"--dashboard-port={self.dash}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    def submit(self, run_dir: Path, sub_id: str) -> None:
+        cmd = [
+            str(RAY),
+            "job",
+            "submit",
+            "--address",
+            f"http://127.0.0.1:{self.dash}",
+            "--submission-id",
+            sub_id,
+            "--no-wait",
+            "--",
+            sys.executable,
+            "-m",
+            "maskgrpo_ray.cli",
+            "train",
+            "--config",
+            str(ROOT / "configs" / "toy.yaml"),
+            "--backend",
+            "ray",
+            "--run-dir",
+            str(run_dir),
+        ]
+        for s in SETTINGS:
+            cmd += ["--set", s]
+        out = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    def status(self, sub_id: str) -> str:
+        out = subprocess.run(
+            [str(RAY), "job", "status", "--address", f"http://127.0.0.1:{self.dash}", sub_id],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = (out.stdout + out.stderr).lower()  # "Job 'x' succeeded", "... is currently running"
+        for word in ("SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING"):
+            if f"{sub_id}' {word.lower()}" in text or f"status: {word.lower()}" in text:
+                return word
+        if "currently running" in text:
+            return "RUNNING"
+        return text[-200:]
+
+    def wait(self, sub_id: str, timeout: float = 600) -> str:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            st = self.status(sub_id)
+            if st in ("SUCCEEDED", "FAILED", "STOPPED"):
+                return st
+            time.sleep(2)
+        return "TIMEOUT"
+
+    def stop(self) -> None:
+        subprocess.run(
+            [str(RAY), "stop", "--force"], env=self.env, capture_output=True, timeout=120
+        )
+
+
+def _weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "final_policy.safetensors"))
+
+
+def _bit_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and bool((a[k] == b[k]).all()) for k in a
+    )
+
+
+def _kill_when(
+    run_dir: Path, steps: int, needle: str, prefix: str = "", timeout: float = 600
+) -> int:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if _steps_done(run_dir) >= steps:
+            pids = _pids(needle, prefix)
+            assert pids, f"no process with {needle!r}"
+            os.kill(pids[0], signal.SIGKILL)
+            return pids[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{run_dir} never reached step {steps}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not RAY.exists(), reason="the venv's ray executable")
+def test_driver_and_learner_killed_in_ray_jobs_end_bit_equal(tmp_path):
+    head = Head(tmp_path)
+    try:
+        clean = tmp_path / "clean"
+        head.submit(clean, "clean")
+        assert head.wait("clean") == "SUCCEEDED"
+
+        # the job's driver SIGKILLed at step 5 (last checkpoint: step 3); the same command again
+        driver = tmp_path / "driver"
+        head.submit(driver, "driver-1")
+        # the job's python process (not the shell Ray starts it with)
+        _kill_when(driver, 5, f"--run-dir {driver} ", prefix=sys.executable)
+        assert head.wait("driver-1") == "FAILED"
+        head.submit(driver, "driver-2")
+        assert head.wait("driver-2") == "SUCCEEDED"
+        assert json.loads((driver / "summary.json").read_text())["completed"] is True
+
+        # a learner rank SIGKILLed at step 7 (last checkpoint: step 6): healed inside the job
+        learner = tmp_path / "learner"
+        head.submit(learner, "learner")
+        _kill_when(learner, 7, "ray::LearnerWorker")
+        assert head.wait("learner") == "SUCCEEDED"
+        rows = [json.loads(x) for x in (learner / "metrics.jsonl").read_text().splitlines() if x]
+        assert [r["step"] for r in rows] == list(range(STEPS))
+        assert rows[-1]["learner_restarts"] == 1.0
+
+        base = _weights(clean)
+        assert _bit_equal(base, _weights(driver)), "driver kill + resubmit"
+        assert _bit_equal(base, _weights(learner)), "learner kill"
+    finally:
+        head.stop()
