@@ -18,7 +18,8 @@ a checkpoint every 3 steps, keep 2), started with the command a user types
 * ``checkpoint``: as the checkpoint after the step starts being written;
 * ``ahead``: during the update, while the next step's rollouts run ahead of it;
 
-at most one fault per step, and none in the last two steps (the final evaluation is not a
+and once a learner rank of the new group while it is being restored after the first learner
+fault (``restore``: a second fault in a recovery); at most one fault per step, and none in the last two steps (the final evaluation is not a
 step). Once, at a step's start, the driver gets SIGTERM: the run checkpoints and exits 0; the
 newest checkpoint's largest file is then cut to half its size, and the same command is run
 again: it must find the damage, say so in one line and resume from the checkpoint before.
@@ -58,6 +59,7 @@ import fault_drill  # noqa: E402  (the drill's command, rows and group accountin
 
 KINDS = ("rollout", "reward", "filter", "learner")
 MOMENTS = ("start", "random", "sync", "checkpoint", "ahead")
+RESTORE = "restore"  # a learner rank of the group being restored after a learner fault
 CHECKPOINT_EVERY = 3
 SOAK_SETTINGS = [
     "rollout.max_policy_lag=1",
@@ -104,10 +106,11 @@ def has_ahead(step: int, steps: int) -> bool:
     return step + 1 < steps and not checkpoint_step(step)
 
 
-def plan_faults(seed: int, steps: int, n: int) -> list[Fault]:
+def plan_faults(seed: int, steps: int, n: int, restore: bool = True) -> list[Fault]:
     """``n`` faults and one SIGTERM on distinct steps of ``1 .. steps - 3``; every kind and
     every moment at least once where ``n`` allows (a checkpoint moment on a checkpoint step, an
-    ahead moment on a step with rollouts ahead)."""
+    ahead moment on a step with rollouts ahead). ``restore``: one more, a learner rank killed
+    during the restore that the first learner fault causes (it shares that fault's step)."""
     rng = random.Random(seed)
     usable = list(range(1, steps - 2))
     if n + 1 > len(usable):
@@ -140,6 +143,9 @@ def plan_faults(seed: int, steps: int, n: int) -> list[Fault]:
         free.remove(s)
         faults.append(Fault(s, kind, moment, delay_s=rng.uniform(0.0, 0.3), rank=rng.randrange(2)))
     faults.append(Fault(sigterm, "sigterm", "start"))
+    learner = sorted(f.step for f in faults if f.kind == "learner")
+    if restore and learner:
+        faults.append(Fault(learner[0], "learner", RESTORE, rank=rng.randrange(2)))
     return sorted(faults, key=lambda f: f.step)
 
 
@@ -168,10 +174,13 @@ class Chaos:
         self.rows: list[dict[str, Any]] = []  # every logged row, replays included
         self.timers: list[threading.Timer] = []
         self.in_step = False
+        self.recovering = False
 
     def _due(self, moment: str) -> Fault | None:
         for f in self.faults:
-            if f.t is None and f.step == self.step and f.moment == moment:
+            if f.t is not None or f.moment != moment or self.step is None:
+                continue
+            if f.step == self.step or (moment == RESTORE and f.step <= self.step):
                 return f
         return None
 
@@ -191,9 +200,11 @@ class Chaos:
     def installed(self) -> Iterator[None]:
         from maskgrpo_ray import driver
         from maskgrpo_ray.ray_executor import RayExecutor
+        from maskgrpo_ray.recovery import Checkpoints
 
         real_step, real_loop_step = driver.run_step, driver._Loop.step
-        real = {n: getattr(RayExecutor, n) for n in ("update", "sync_weights", "save")}
+        real_recover = Checkpoints.recover_learner
+        real = {n: getattr(RayExecutor, n) for n in ("update", "sync_weights", "save", "load")}
         chaos = self
 
         def run_step(ex, cfg, s, source, pending=None, *, ahead=0):  # noqa: ANN001, ANN202
@@ -224,9 +235,18 @@ class Chaos:
             chaos.rows.append({**row, "segment": chaos.segment, "t": time.monotonic()})
             return row
 
+        def recover_learner(self_, lost, attempt):  # noqa: ANN001, ANN202
+            chaos.recovering = True
+            try:
+                return real_recover(self_, lost, attempt)
+            finally:
+                chaos.recovering = False
+
         def hooked(name: str, moment: str) -> Any:
             def call(ex, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
                 f = chaos._due(moment)
+                if moment == RESTORE and not chaos.recovering:
+                    f = None  # a resume's restore (before the loop) is not a recovery
                 if f is not None and (moment != "sync" or chaos.in_step):
                     if moment == "ahead" and not chaos.ahead:
                         f.note = "no rollout was ahead at this update"
@@ -240,12 +260,15 @@ class Chaos:
         RayExecutor.update = hooked("update", "ahead")
         RayExecutor.sync_weights = hooked("sync_weights", "sync")
         RayExecutor.save = hooked("save", "checkpoint")
+        RayExecutor.load = hooked("load", RESTORE)
+        Checkpoints.recover_learner = recover_learner
         try:
             yield
         finally:
             for t in self.timers:
                 t.cancel()
             driver.run_step, driver._Loop.step = real_step, real_loop_step
+            Checkpoints.recover_learner = real_recover
             for n, fn in real.items():
                 setattr(RayExecutor, n, fn)
 
@@ -369,6 +392,16 @@ def report(
         if r["step"] not in fault_steps and r.get("samples_per_second")
     ]
     fallback = [w for w in faulty["warnings"] if "is not usable" in w and "falling back" in w]
+    by_step = {r["step"]: r for r in clean["rows"]}
+    first_diff = next(
+        (
+            (r["step"], k, by_step[r["step"]].get(k), r.get(k))
+            for r in faulty["rows"]
+            for k in fault_drill.COMPARED
+            if r.get(k) != by_step[r["step"]].get(k)
+        ),
+        None,
+    )
     return {
         "steps": len(clean["rows"]),
         "completed": base["completed"],
@@ -376,12 +409,14 @@ def report(
         "steps_in_metrics": base["steps_in_metrics"],
         "injected": injected,
         "by_moment": {
-            m: sum(1 for f in delivered if f.moment == m and f.kind != "sigterm") for m in MOMENTS
+            m: sum(1 for f in delivered if f.moment == m and f.kind != "sigterm")
+            for m in (*MOMENTS, RESTORE)
         },
         "deaths_counted": counted,
         "groups_lost": base["groups_lost"],
         "groups_duplicated": base["groups_duplicated"],
         "max_rel_diff": base["max_rel_diff"],
+        "first_diff": first_diff,  # (step, metric, fault-free, faulty) or None
         "final_weights_max_abs_diff": diff,
         "final_weights_bit_equal": bit_equal,
         "recovery_s": {
@@ -408,7 +443,7 @@ def table(r: dict[str, Any]) -> str:
         f"faults injected by kind: {r['injected']}; by moment: {r['by_moment']}",
         f"deaths in the row metrics: {r['deaths_counted']}",
         f"groups lost / trained twice: {r['groups_lost']} / {r['groups_duplicated']}; "
-        f"metrics max rel. diff {r['max_rel_diff']:.1e}",
+        f"metrics max rel. diff {r['max_rel_diff']:.1e} (first difference: {r['first_diff']})",
         f"final weights vs fault-free: max |diff| {r['final_weights_max_abs_diff']:.3g}, "
         f"bit-equal {r['final_weights_bit_equal']}",
         f"truncated before the resume: {r['truncated']}; the line: {r['fallback_lines']}",
@@ -432,8 +467,8 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def soak(steps: int, n_faults: int, seed: int, tmp: Path) -> dict[str, Any]:
-    faults = plan_faults(seed, steps, n_faults)
+def soak(steps: int, n_faults: int, seed: int, tmp: Path, restore: bool = True) -> dict[str, Any]:
+    faults = plan_faults(seed, steps, n_faults, restore)
     clean = run_soak(tmp / "clean", steps, None)
     faulty = run_soak(tmp / "faulty", steps, faults)
     return report(clean, faulty, tmp / "clean", tmp / "faulty")
@@ -444,6 +479,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--faults", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-restore", action="store_true", help="no kill during a restore")
+    ap.add_argument("--keep", default=None, help="keep both runs' folders here")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_chaos_soak.json"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -454,7 +491,8 @@ def main() -> int:
     connect(None, num_cpus=4, include_dashboard=False)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            res = soak(args.steps, args.faults, args.seed, Path(tmp))
+            where = Path(args.keep) if args.keep else Path(tmp)
+            res = soak(args.steps, args.faults, args.seed, where, not args.no_restore)
     finally:
         ray.shutdown()
     print(table(res))

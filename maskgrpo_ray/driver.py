@@ -221,6 +221,19 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     return 0
 
 
+def _recover(ckpts: Checkpoints, lost: LearnerLost, restarts: int) -> tuple[Any, int]:
+    """``ckpts.recover_learner``, tried again while the new group is itself lost during its
+    restore (a second fault in the recovery); each try counts against
+    ``run.max_learner_restarts``. Returns its result and the restarts so far."""
+    while True:
+        restarts += 1
+        try:
+            return ckpts.recover_learner(lost, restarts), restarts
+        except LearnerLost as again:
+            log.warning("the new learner group was lost during its restore: %s", again)
+            lost = again
+
+
 def _steps(
     loop: _Loop, ckpts: Checkpoints, stop: Preemption, start_step: int, on_step_end: Any
 ) -> tuple[int, int | None, bool]:
@@ -243,8 +256,7 @@ def _steps(
                     stop.save_s, saved_step = max(stop.save_s, time.monotonic() - t0), next_step
             except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
                 loop.drop_pending(rewind=False)  # the checkpoint has the source's state
-                restarts += 1
-                back = ckpts.recover_learner(lost, restarts)
+                back, restarts = _recover(ckpts, lost, restarts)
                 if back is None:  # no checkpoint: the learner has the rollout actors' weights
                     if next_step == step:  # lost in the step: it runs again, from its start
                         loop.source.load_state_dict(loop.step_start)

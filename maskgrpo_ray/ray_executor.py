@@ -162,9 +162,10 @@ class RayExecutor:
         """Replace a lost rollout or reward actor within the run's restart budget.
 
         The lost one is dropped (killed when hung, so a late result can never arrive); a fresh
-        one is started and, for a rollout actor, given the learner's current weights before it
-        takes work. Past ``max_restarts`` the actor is only dropped and the run goes on with
-        fewer (the scheduler fails the call when none is left). Returns the replacement.
+        one is started and, for a rollout actor, given the weights its siblings hold before it
+        takes work (:meth:`_pool_weights`). Past ``max_restarts`` the actor is only dropped and
+        the run goes on with fewer (the scheduler fails the call when none is left). Returns
+        the replacement.
         """
         self.events.append((time.monotonic(), role, "lost"))
         pool = self.rollouts if role == "rollout" else self.rewards
@@ -187,13 +188,12 @@ class RayExecutor:
             return None
         self.restarts[role] += 1
         t0 = time.perf_counter()
+        version = None
         try:
             fresh = pool.grow()
             if role == "rollout":
                 self.sync.attach(self.learner, self.rollouts.handles())
-                rep = self.sync.push(self.learner, [fresh.handle], self.policy_version)
-                if rep.failed:
-                    raise RuntimeError("the replacement died while receiving weights")
+                version = self._pool_weights(fresh)
         except (RayActorError, RuntimeError, TimeoutError, ray.exceptions.GetTimeoutError) as err:
             log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
             return None
@@ -213,12 +213,32 @@ class RayExecutor:
             member.actor_id,
             why,
             fresh.actor_id,
-            f" with weights version {self.policy_version}" if role == "rollout" else "",
+            f" with weights version {version}" if role == "rollout" else "",
             self.last_recovery_s,
             self.restarts[role],
             healing.max_restarts,
         )
         return fresh
+
+    def _pool_weights(self, fresh: Member) -> int:
+        """Give the replacement ``fresh`` the weights (and version) its sibling rollout actors
+        hold: the version of the chunks in flight, which a reissued chunk must use too. (During
+        a lag-1 update the learner may already hold the next version: a replacement given the
+        learner's weights would make its reissue differ from the chunk it replaces.) With no
+        sibling left, the learner's current weights. Returns the version installed."""
+        for m in list(self.rollouts.members):
+            if m is fresh:
+                continue
+            try:
+                state, version = m.handle.weights.options(num_returns=2).remote()
+                got = fresh.handle.load_weights.remote(state, version)
+                return int(ray.get(got, timeout=self.timeout_s))
+            except RayActorError:
+                continue  # that sibling is gone too (or the replacement: the push says so)
+        rep = self.sync.push(self.learner, [fresh.handle], self.policy_version)
+        if rep.failed:
+            raise RuntimeError("the replacement died while receiving weights")
+        return self.policy_version
 
     def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
         """Replace the whole learner group after ``lost`` (its state is gone): the old ranks

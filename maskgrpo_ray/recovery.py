@@ -166,6 +166,8 @@ class Checkpoints:
         )
         try:
             self.ex.restart_learner(lost, from_rollouts=True)
+        except LearnerLost:  # the new group lost in its first sync: the caller tries again
+            raise
         except Exception as err:
             raise RunFailed(
                 f"{lost}; a new learner group could not be started from the rollout actors' "

@@ -1,7 +1,8 @@
 """The chaos soak (bench/chaos_soak.py), short: a 10-step toy run on the Ray backend with one
 SIGKILL of each actor kind (a learner rank as the checkpoint is written and as the weight sync
 starts, a rollout actor while the next step's rollouts run ahead of the update, the reward
-actor at a random moment, the filter actor as a step starts), a SIGTERM of the driver and a
+actor at a random moment, the filter actor as a step starts, and a learner rank of the new
+group while it is restored after the first learner fault), a SIGTERM of the driver and a
 resume with the same command after the newest checkpoint was cut in half.
 
 It must end like the fault-free run with the same seed: every step once in metrics.jsonl, no
@@ -26,8 +27,11 @@ def test_the_plan_covers_every_kind_and_moment_once_on_distinct_steps():
     faults = chaos_soak.plan_faults(seed=1, steps=10, n=5)
     kills = [f for f in faults if f.kind != "sigterm"]
     assert {f.kind for f in kills} == set(chaos_soak.KINDS)
-    assert {f.moment for f in kills} == set(chaos_soak.MOMENTS)
-    steps = [f.step for f in faults]
+    assert {f.moment for f in kills} == {*chaos_soak.MOMENTS, chaos_soak.RESTORE}
+    (again,) = [f for f in kills if f.moment == chaos_soak.RESTORE]  # with the first learner
+    assert again.kind == "learner"
+    assert again.step == min(f.step for f in kills if f.kind == "learner" and f is not again)
+    steps = [f.step for f in faults if f is not again]
     assert len(set(steps)) == len(steps) and min(steps) >= 1 and max(steps) <= 10 - 3
     for f in kills:
         if f.moment == "checkpoint":
@@ -48,7 +52,8 @@ def test_short_soak_ends_bit_equal_to_the_fault_free_run(ray_cluster, tmp_path):
     assert res["completed"] and res["exit_codes"] == [0, 0], res
     assert res["steps_in_metrics"] == 10
     injected = res["injected"]
-    assert injected == {"rollout": 1, "reward": 1, "filter": 1, "learner": 2, "sigterm": 1}, res
+    assert injected == {"rollout": 1, "reward": 1, "filter": 1, "learner": 3, "sigterm": 1}, res
+    assert res["by_moment"][chaos_soak.RESTORE] == 1, res["by_moment"]
     for kind in chaos_soak.KINDS:  # every death in the row metrics
         assert res["deaths_counted"][kind] == injected[kind], (kind, res["deaths_counted"])
     assert res["groups_lost"] == 0 and res["groups_duplicated"] == 0, res

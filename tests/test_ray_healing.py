@@ -92,6 +92,32 @@ def test_rollout_actor_killed_or_hung_is_replaced_with_current_weights(executor)
 
 
 @pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(600)
+def test_a_replacement_while_the_learner_is_ahead_takes_the_rollout_actors_weights(executor):
+    """As during a lag-1 update: the learner holds version v + 1, the rollout actors v and a
+    chunk of theirs is in flight. A rollout actor lost then is replaced with its siblings'
+    weights (version v), so the reissued chunk equals the one it replaces; with the learner's
+    weights it would not (the chaos soak found this: a reissue made with the next version)."""
+    ex = executor
+    clean, _ = _generate(ex)
+    v = ex.policy_version
+    ex.update(make_train_batch(clean, torch.ones(len(PROMPTS), dtype=torch.bool), 1e-4))
+    assert ex.learner.version == v + 1  # not synced: the rollout actors still hold v
+    victim = ex.rollout_actor_ids()[0]
+    reissued = ex.counters["chunks_reissued"]
+    os.kill(_pid(ex.rollout_handle(victim)), signal.SIGKILL)
+    faulty, _ = _generate(ex)
+    assert ex.counters["chunks_reissued"] == reissued + 1
+    _same(faulty, clean)
+    versions = rollout_versions(ex)
+    assert {ver for ver, _ in versions.values()} == {v}, versions
+    assert len({round(c, 6) for _, c in versions.values()}) == 1
+    ex.sync_weights()  # the step's sync: every actor at v + 1
+    assert {ver for ver, _ in rollout_versions(ex).values()} == {v + 1}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_reward_actor_killed_is_replaced_and_the_chunk_rescored(executor):
     ex = executor
