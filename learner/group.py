@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -212,7 +212,10 @@ class LearnerGroup:
 
         Raises :class:`LearnerLost` as soon as one rank is found dead (the others may be
         blocked in a collective with it, so they are not waited for), or when the call outlives
-        ``timeout_s`` (hung). Another error (a bug in the update) is raised as it is.
+        ``timeout_s`` (hung), or when a rank could not fetch its inputs because their objects
+        are lost (a node's object store gone with it: the others wait in a collective for that
+        rank, so the group is rebuilt and the run rolled back, which regenerates them). Another
+        error (a bug in the update) is raised as it is.
         """
         index = {ref: rank for rank, ref in enumerate(refs)}
         pending, error = list(refs), None
@@ -230,6 +233,8 @@ class LearnerGroup:
                 raise LearnerLost(index[ready[0]], "died", during, err) from err
             except GetTimeoutError as err:
                 raise LearnerLost(index[ready[0]], "hung", during, err) from err
+            except ObjectLostError as err:  # (a task error whose cause it is matches too)
+                raise LearnerLost(index[ready[0]], "lost its inputs", during, err) from err
             except Exception as err:  # noqa: BLE001 - a rank's own error: wait for a dead peer
                 error = error or err  # a peer's collective error; give the others a moment
                 deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)

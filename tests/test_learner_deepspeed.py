@@ -169,3 +169,49 @@ def test_world2_ranks_fetching_their_chunks_equal_the_cut_shards(ray_cluster):
     # rank 0 fetched both chunks (groups 0 and 2), rank 1 the first (group 1), per update
     sizes = [v.pieces[0].meta.tensor_bytes for v in views]
     assert t_ref["bytes/learner_fetch"] == 2 * (sizes[0] + sizes[1] + sizes[0])
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(300)
+def test_a_rank_whose_inputs_are_lost_makes_the_learner_lost_at_once(ray_cluster):
+    """A rank whose rollout chunks are gone (their node's object store lost with it) fails
+    its fetch while its peer waits in a collective for it: ``gather`` raises ``LearnerLost``
+    at once (the group is rebuilt and the run rolled back, which regenerates the chunks),
+    neither waiting out the peer nor raising the fetch error as a crash."""
+    import time
+
+    import ray
+
+    from maskgrpo_ray.learner.group import LearnerGroup
+    from maskgrpo_ray.learner_core import LearnerLost
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def make(self) -> list:
+            import numpy as np
+
+            return [ray.put(np.zeros(1 << 20, dtype=np.uint8))]  # owned here, in the store
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def fetch(self, refs: list) -> int:
+            return int(ray.get(refs[0], timeout=30).sum())
+
+        def wait_in_collective(self) -> int:
+            time.sleep(120)
+            return 0
+
+    owner = Owner.remote()
+    (chunk,) = ray.get(owner.make.remote(), timeout=60)
+    ray.kill(owner)  # the object goes with its owner: a fetch raises OwnerDiedError
+    time.sleep(1.0)
+    a, b = Rank.remote(), Rank.remote()
+    group = LearnerGroup.__new__(LearnerGroup)  # gather needs only the timeout
+    group.timeout_s = 200.0
+    t0 = time.monotonic()
+    with pytest.raises(LearnerLost, match="rank 0 lost its inputs during update"):
+        group.gather([a.fetch.remote([chunk]), b.wait_in_collective.remote()], "update")
+    assert time.monotonic() - t0 < 60  # not the peer's 120 s, nor the 30 s error grace
+    ray.kill(a)
+    ray.kill(b)
