@@ -102,9 +102,14 @@ class RolloutActor(PoolActor):
         return self.version
 
     def weights(self) -> tuple[dict[str, torch.Tensor], int]:
-        """This actor's weights (the whole state dict, on the CPU) and their version: what a
-        learner restarted without a checkpoint starts from."""
-        state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+        """The tensors that train (the learner's ``trained_state``: parameters with
+        ``requires_grad``; frozen parts are the same everywhere), on the CPU, and their
+        version: what a replacement sibling or a learner restarted without a checkpoint takes."""
+        state = {
+            n: p.detach().cpu().clone()
+            for n, p in self.policy.named_parameters()
+            if p.requires_grad
+        }
         return state, self.version
 
     def generate(self, prompts: list[str], positions: list[int], seed: int) -> RolloutBatch:

@@ -2,7 +2,8 @@
 with logical GPUs and a custom resource naming its role), the toy run on the Ray backend with
 its rollout actors pinned to ``rollout_node`` nodes and its learner ranks to ``learner_node``
 nodes (``*.custom_resources``), and at the start of step 3 the node that holds rollout actor 0
-(or the learner group) removed with its processes killed, as a machine that dies.
+(or the learner group) removed and the run's processes on it SIGKILLed, as a machine that dies
+(a removed raylet's workers notice only later, and may go on working meanwhile).
 
 The run must re-place the lost actors on the remaining node of that role and complete with
 every step once in ``metrics.jsonl``, no group lost or trained twice, and the same figures as
@@ -12,8 +13,10 @@ weights). Rollout-node loss runs in CI's bounded slow selection; learner-node lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,6 +74,8 @@ def _node_of(handle) -> str:  # noqa: ANN001
 def _run(tmp: Path, lose: str | None, cluster_and_nodes) -> dict:  # noqa: ANN001
     """The drill's run with PINNED placement; with ``lose`` ("rollout" / "learner"), the node of
     rollout actor 0 / learner rank 0 is removed at the start of step FAULT_STEP."""
+    import ray
+
     from maskgrpo_ray import driver
 
     c, nodes = cluster_and_nodes
@@ -85,8 +90,15 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes) -> dict:  # noqa: ANN00
             else:
                 target = _node_of(ex.learner.workers[0])
             node = next(n for n in nodes[lose] if n.node_id == target)
+            handles = [ex.rollout_handle(i) for i in ex.rollout_actor_ids()]
+            handles += list(ex.learner.workers)
+            on_it = [h for h in handles if _node_of(h) == target]
+            pids = [int(ray.get(h.pid.remote(), timeout=60)) for h in on_it]
             record["t_fault"] = time.monotonic()
             c.remove_node(node, allow_graceful=False)
+            for pid in pids:  # a machine that dies takes its processes at once (the raylet's
+                with contextlib.suppress(ProcessLookupError):  # workers would notice its
+                    os.kill(pid, signal.SIGKILL)  # death only later, and keep working)
             record["removed"] = target
         if lose and s == drill.FAULT_STEP + 2:  # where the role's actors are now
             if lose == "rollout":
