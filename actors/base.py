@@ -12,6 +12,16 @@ import os
 from typing import Any
 
 
+def on_driver_node() -> dict[str, Any]:
+    """Ray options that place an actor on the driver's node (soft): the run's singletons (the
+    filter, the control actor) then die only with the driver, never with another node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=True)}
+
+
 class ActorProcess:
     """A ping and the process id, for any Ray actor of a run."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from maskgrpo_ray.actors.base import ActorProcess
+from maskgrpo_ray.actors.base import ActorProcess, on_driver_node
 
 NAMESPACE = "maskgrpo"
 
@@ -50,7 +50,9 @@ def start_control_actor(run_name: str) -> tuple[Any, str]:
     for i in range(100):
         name = base if i == 0 else f"{base}-{i}"
         try:
-            handle = RemoteControlActor.options(name=name, namespace=NAMESPACE).remote()
+            handle = RemoteControlActor.options(
+                name=name, namespace=NAMESPACE, **on_driver_node()
+            ).remote()
             return handle, name
         except ValueError:  # the name is taken by another live run
             continue

@@ -19,6 +19,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
+from maskgrpo_ray.actors.base import on_driver_node
 from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
 from maskgrpo_ray.data_plane import Traffic, wire_bytes
 from maskgrpo_ray.phases import FilterResult
@@ -48,7 +49,7 @@ class RemoteFilter:
     ) -> None:
         self.settings, self.timeout_s = settings, timeout_s
         self.metrics, self.on_event = metrics, on_event
-        self.actor = RemoteFilterActor.options(num_cpus=0).remote(settings)
+        self.actor = RemoteFilterActor.options(num_cpus=0, **on_driver_node()).remote(settings)
         self.copy = FilterActor(settings)
         self.last_recovery_s = 0.0
         self.restarts = (
@@ -81,7 +82,7 @@ class RemoteFilter:
         t0 = time.perf_counter()
         log.warning("the filter actor died; restarting it from its last decision's state")
         self.metrics.count("maskgrpo_actors_lost_total", tags={"role": "filter", "why": "died"})
-        self.actor = RemoteFilterActor.options(num_cpus=0).remote(self.settings)
+        self.actor = RemoteFilterActor.options(num_cpus=0, **on_driver_node()).remote(self.settings)
         ray.get(self.actor.load_state_dict.remote(self.copy.state_dict()), timeout=self.timeout_s)
         self.last_recovery_s = time.perf_counter() - t0
         self.restarts += 1
@@ -95,8 +96,13 @@ class RemoteFilter:
         return self.copy.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ray.get(self.actor.load_state_dict.remote(state), timeout=self.timeout_s)
+        """Both the actor and the copy take ``state`` (a checkpoint's, a rewind's); a dead
+        actor is restarted from it."""
         self.copy.load_state_dict(state)
+        try:
+            ray.get(self.actor.load_state_dict.remote(state), timeout=self.timeout_s)
+        except RayActorError:
+            self._restart()  # a fresh actor from the copy, which now holds ``state``
 
     def shutdown(self) -> None:
         ray.kill(self.actor)

@@ -71,7 +71,7 @@ def _node_of(handle) -> str:  # noqa: ANN001
     return ray.get(handle.node_id.remote(), timeout=60)
 
 
-def _run(tmp: Path, lose: str | None, cluster_and_nodes) -> dict:  # noqa: ANN001
+def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dict:  # noqa: ANN001
     """The drill's run with PINNED placement; with ``lose`` ("rollout" / "learner"), the node of
     rollout actor 0 / learner rank 0 is removed at the start of step FAULT_STEP."""
     import ray
@@ -100,6 +100,8 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes) -> dict:  # noqa: ANN00
                 with contextlib.suppress(ProcessLookupError):  # workers would notice its
                     os.kill(pid, signal.SIGKILL)  # death only later, and keep working)
             record["removed"] = target
+            if on_removed is not None:
+                on_removed()
         if lose and s == drill.FAULT_STEP + 2:  # where the role's actors are now
             if lose == "rollout":
                 handles = [ex.rollout_handle(i) for i in ex.rollout_actor_ids()]
@@ -161,3 +163,39 @@ def test_learner_node_lost_group_restored_on_the_other_node(cluster, tmp_path):
     lost = _run(tmp_path / "lost", "learner", cluster)
     row = _check(clean, lost, "learner", cluster[1])
     assert row["learner_restarts"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_learner_node_lost_with_no_spare_waits_until_capacity_returns(cluster, tmp_path, caplog):
+    """The spare learner node is busy (another placement group holds its GPUs): when the
+    learner's node is lost, the new learner group has nowhere to go. The run says so in one
+    line after 10 s and waits; the spare's GPUs freed 20 s after the loss (another job ending,
+    or an autoscaler's node) take the group, and the run completes equal to the run without.
+    (``Cluster.add_node`` needs the main thread, which the run holds: capacity comes back by
+    freeing it.)"""
+    import threading
+
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    c, nodes = cluster
+    blocker = placement_group([{"GPU": 2, "learner_node": 0.01}])  # one learner node, whole
+    ray.get(blocker.ready(), timeout=60)
+
+    def free_later() -> None:
+        def free() -> None:
+            time.sleep(20)
+            remove_placement_group(blocker)
+
+        threading.Thread(target=free, daemon=True).start()
+
+    clean = _run(tmp_path / "clean", None, cluster)
+    with caplog.at_level("WARNING"):
+        lost = _run(tmp_path / "lost", "learner", cluster, on_removed=free_later)
+    row = _check(clean, lost, "learner", nodes)
+    assert row["learner_restarts"] == 1.0
+    waits = [r.getMessage() for r in caplog.records if "waits for a node with" in r.getMessage()]
+    assert len(waits) == 1 and "the learner group (2 ranks)" in waits[0], waits
+    assert "learner_node" in waits[0] and "waiting up to" in waits[0], waits
+    assert row["recover_s"] > 20, row  # it waited for the node
