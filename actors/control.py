@@ -5,6 +5,7 @@ reports its status after every step; the actor itself only stores the two.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ray
@@ -12,6 +13,7 @@ import ray
 from maskgrpo_ray.actors.base import ActorProcess, on_driver_node
 
 NAMESPACE = "maskgrpo"
+log = logging.getLogger(__name__)
 
 
 def control_name(run_name: str) -> str:
@@ -53,6 +55,13 @@ def start_control_actor(run_name: str) -> tuple[Any, str]:
             handle = RemoteControlActor.options(
                 name=name, namespace=NAMESPACE, **on_driver_node()
             ).remote()
+            log.info(
+                "control actor %r (namespace %r): `maskgrpo scale --run %s --rollout N` "
+                "changes the rollout actor count at the next step",
+                name,
+                NAMESPACE,
+                name.split(":", 1)[1],
+            )
             return handle, name
         except ValueError:  # the name is taken by another live run
             continue

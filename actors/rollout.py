@@ -101,6 +101,10 @@ class RolloutActor(PoolActor):
         self.version = int(version)
         return self.version
 
+    def weights_version(self) -> int:
+        """The version of the weights this actor holds."""
+        return self.version
+
     def weights(self) -> tuple[dict[str, torch.Tensor], int]:
         """The tensors that train (the learner's ``trained_state``: parameters with
         ``requires_grad``; frozen parts are the same everywhere), on the CPU, and their

@@ -169,3 +169,28 @@ def _raise_if_learner_lost(learner: LearnerGroup, cause: BaseException | None) -
     dead = learner.dead_ranks()
     if dead:
         raise LearnerLost(dead[0], "died", "the weight sync", cause)
+
+
+def copy_from_sibling(siblings: list[Any], fresh: Any, timeout_s: float) -> int | None:
+    """Give the replacement rollout actor ``fresh`` the weights (and version) a live sibling
+    holds: the version of the chunks in flight, which a reissued chunk must use too. (During a
+    lag-1 update the learner may already hold the next version: a replacement given the
+    learner's weights would make its reissue differ from the chunk it replaces.) Returns the
+    version installed, or None when no sibling answers."""
+    for sibling in siblings:
+        try:
+            state, version = sibling.weights.options(num_returns=2).remote()
+            return int(ray.get(fresh.load_weights.remote(state, version), timeout=timeout_s))
+        except RayActorError:
+            continue  # that sibling is gone too (or the replacement: the caller's push says so)
+    return None
+
+
+def newest_rollout_weights(targets: list[Any], timeout_s: float) -> tuple[Any, int]:
+    """(an object reference to the weights, their version) of the rollout actor with the
+    newest version (they differ only if the learner was lost during a sync): where a learner
+    group restarted without a checkpoint starts from."""
+    versions = ray.get([t.weights_version.remote() for t in targets], timeout=timeout_s)
+    newest = max(range(len(targets)), key=lambda i: versions[i])
+    state, version = targets[newest].weights.options(num_returns=2).remote()
+    return state, int(ray.get(version, timeout=timeout_s))

@@ -20,7 +20,6 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from maskgrpo_ray.actors.control import NAMESPACE as CONTROL_NAMESPACE
 from maskgrpo_ray.actors.control import start_control_actor
 from maskgrpo_ray.actors.pool import ActorPool, Member, rollout_pool
 from maskgrpo_ray.actors.reward import RemoteRewardActor
@@ -29,7 +28,12 @@ from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
-from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
+from maskgrpo_ray.learner.weight_sync import (
+    WeightSync,
+    copy_from_sibling,
+    make_weight_sync,
+    newest_rollout_weights,
+)
 from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_chunks import ChunkScheduler, map_over_pool
 from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
@@ -81,13 +85,6 @@ class RayExecutor:
         self.last_sync_bytes = 0
         self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
         self.control, self.control_name = start_control_actor(cfg.run.name)
-        log.info(
-            "control actor %r (namespace %r): `maskgrpo scale --run %s --rollout N` "
-            "changes the rollout actor count at the next step",
-            self.control_name,
-            CONTROL_NAMESPACE,
-            self.control_name.split(":", 1)[1],
-        )
         self.restarts = {"rollout": 0, "reward": 0}
         self.last_recovery_s = 0.0
         # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
@@ -163,7 +160,7 @@ class RayExecutor:
 
         The lost one is dropped (killed when hung, so a late result can never arrive); a fresh
         one is started and, for a rollout actor, given the weights its siblings hold before it
-        takes work (:meth:`_pool_weights`). Past ``max_restarts`` the actor is only dropped and
+        takes work (``weight_sync.copy_from_sibling``; the learner's with no sibling left). Past ``max_restarts`` the actor is only dropped and
         the run goes on with fewer (the scheduler fails the call when none is left). Returns
         the replacement.
         """
@@ -193,13 +190,15 @@ class RayExecutor:
             fresh = pool.grow()
             if role == "rollout":
                 self.sync.attach(self.learner, self.rollouts.handles())
-                version = self._pool_weights(fresh)
-        except (RayActorError, RuntimeError, TimeoutError, ray.exceptions.GetTimeoutError) as err:
-            log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
-            return None
-        try:
+                others = [h for h in self.rollouts.handles() if h is not fresh.handle]
+                version = copy_from_sibling(others, fresh.handle, self.timeout_s)
+                if version is None:  # no sibling left: the learner's current weights
+                    rep = self.sync.push(self.learner, [fresh.handle], self.policy_version)
+                    if rep.failed:
+                        raise RuntimeError("the replacement died while receiving weights")
+                    version = self.policy_version
             self._send_prompt_metadata([fresh])
-        except (RayActorError, ray.exceptions.GetTimeoutError) as err:
+        except (RayActorError, RuntimeError, TimeoutError, ray.exceptions.GetTimeoutError) as err:
             log.warning("%s actor %d could not be replaced: %s", role, member.actor_id, err)
             return None
         self.last_recovery_s = time.perf_counter() - t0
@@ -220,26 +219,6 @@ class RayExecutor:
         )
         return fresh
 
-    def _pool_weights(self, fresh: Member) -> int:
-        """Give the replacement ``fresh`` the weights (and version) its sibling rollout actors
-        hold: the version of the chunks in flight, which a reissued chunk must use too. (During
-        a lag-1 update the learner may already hold the next version: a replacement given the
-        learner's weights would make its reissue differ from the chunk it replaces.) With no
-        sibling left, the learner's current weights. Returns the version installed."""
-        for m in list(self.rollouts.members):
-            if m is fresh:
-                continue
-            try:
-                state, version = m.handle.weights.options(num_returns=2).remote()
-                got = fresh.handle.load_weights.remote(state, version)
-                return int(ray.get(got, timeout=self.timeout_s))
-            except RayActorError:
-                continue  # that sibling is gone too (or the replacement: the push says so)
-        rep = self.sync.push(self.learner, [fresh.handle], self.policy_version)
-        if rep.failed:
-            raise RuntimeError("the replacement died while receiving weights")
-        return self.policy_version
-
     def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
         """Replace the whole learner group after ``lost`` (its state is gone): the old ranks
         are killed (survivors may be stuck in a collective with the lost one) and a new group
@@ -252,7 +231,9 @@ class RayExecutor:
         log.warning("%s: killing the learner group and starting a new one", lost)
         self.learner.shutdown(graceful=False)
         planner = self.learner.planner.state()
-        initial, version = self._rollout_weights() if from_rollouts else (None, 0)
+        initial, version = (None, 0)
+        if from_rollouts:
+            initial, version = newest_rollout_weights(self.rollouts.handles(), self.timeout_s)
         self.learner = LearnerGroup(self.settings, self.timeout_s, initial)
         self.sync.attach(self.learner, self.rollouts.handles())
         self.counters["learner_restarts"] = self.counters.get("learner_restarts", 0.0) + 1
@@ -269,16 +250,6 @@ class RayExecutor:
         )
         self.metrics.count("maskgrpo_actor_restarts_total", tags={"role": "learner"})
         self.last_recovery_s = time.perf_counter() - t0
-
-    def _rollout_weights(self) -> tuple[Any, int]:
-        """(an object reference to the weights, their version) of the rollout actor with the
-        newest version (they differ only if the learner was lost during a sync)."""
-        versions = ray.get(
-            [h.status.remote() for h in self.rollouts.handles()], timeout=self.timeout_s
-        )
-        newest = max(range(len(versions)), key=lambda i: versions[i]["version"])
-        state, version = self.rollouts.handles()[newest].weights.options(num_returns=2).remote()
-        return state, int(ray.get(version, timeout=self.timeout_s))
 
     def learner_pids(self) -> list[int]:
         return self.learner.pids()

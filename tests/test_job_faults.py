@@ -23,22 +23,14 @@ import pytest
 ROOT = Path(__file__).parents[1]
 RAY = Path(sys.executable).with_name("ray")
 STEPS = 12
+sys.path.insert(0, str(ROOT / "bench"))
+import fault_drill  # noqa: E402  (the drill's small toy run: its settings)
+
 SETTINGS = [
-    f"train.steps={STEPS}",
-    "train.prompts_per_step=4",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "rollout.num_actors=2",
-    "reward.num_actors=1",
-    "learner.num_workers=2",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-    "filter.warmup_groups=4",
-    "run.checkpoint_every_steps=3",
-]
+    s
+    for s in fault_drill.SETTINGS
+    if not s.startswith(("train.steps=", "run.checkpoint_every_steps="))
+] + [f"train.steps={STEPS}", "run.checkpoint_every_steps=3"]
 
 
 def _cmdline(pid: int) -> str:
