@@ -13,13 +13,15 @@ from typing import Any
 
 
 def on_driver_node() -> dict[str, Any]:
-    """Ray options that place an actor on the driver's node (soft): the run's singletons (the
-    filter, the control actor) then die only with the driver, never with another node."""
+    """Ray options that place an actor on the driver's node: the run's singletons (the filter,
+    the control actor; they ask for no CPU, so the node always has room) then die only with the
+    driver, never with another node. Hard affinity: Ray 2.60 places a zero-resource actor with
+    *soft* affinity on any node (measured: tests/test_node_loss.py asserts where they run)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=True)}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
 
 
 class ActorProcess:

@@ -11,6 +11,7 @@ Actors may be added or removed between steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -435,7 +436,14 @@ class RayExecutor:
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         """Mirror the step's row to the Ray dashboard metrics; apply a requested scale."""
         self.metrics.record_step(row, self.settings.rollout.group_size)
-        requested = ray.get(self.control.take_request.remote(), timeout=self.timeout_s)
+        try:
+            requested = ray.get(self.control.take_request.remote(), timeout=self.timeout_s)
+        except RayActorError as e:  # its node lost: the run goes on without it
+            log.warning("control actor lost (%s); started again (re-send a pending scale)", e)
+            with contextlib.suppress(Exception):
+                ray.kill(self.control)
+            self.control, self.control_name = start_control_actor(self.run_name)
+            requested = None
         if requested is not None and requested != len(self.rollouts):
             log.info(
                 "scaling rollout actors %d -> %d (requested through the control actor)",

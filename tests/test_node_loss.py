@@ -94,6 +94,8 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
             handles += list(ex.learner.workers)
             on_it = [h for h in handles if _node_of(h) == target]
             pids = [int(ray.get(h.pid.remote(), timeout=60)) for h in on_it]
+            record["driver_node"] = ray.get_runtime_context().get_node_id()
+            record["singletons"] = [_node_of(ex.control), _node_of(ex.filters.actor)]
             record["t_fault"] = time.monotonic()
             c.remove_node(node, allow_graceful=False)
             for pid in pids:  # a machine that dies takes its processes at once (the raylet's
@@ -126,6 +128,8 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
         "events": events,
         "removed": record.get("removed"),
         "nodes_after": record.get("nodes_after"),
+        "driver_node": record.get("driver_node"),
+        "singletons": record.get("singletons"),
         "executor": ex,
     }
 
@@ -134,6 +138,8 @@ def _check(clean: dict, lost: dict, role: str, nodes: dict) -> dict:
     row = drill.compare(clean, lost)
     survivors = {n.node_id for n in nodes[role]} - {lost["removed"]}
     print(role, "node", lost["removed"], "removed; actors now on", lost["nodes_after"])
+    print("driver on", lost["driver_node"], "; control and filter actors on", lost["singletons"])
+    assert set(lost["singletons"]) == {lost["driver_node"]}, lost  # on_driver_node()
     assert lost["removed"] is not None and lost["nodes_after"], lost
     assert set(lost["nodes_after"]) <= survivors, (lost["nodes_after"], survivors)
     print(role, "node lost:", row)

@@ -152,6 +152,27 @@ def test_filter_actor_killed_is_restarted_with_its_history(executor):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_control_actor_lost_is_started_again_and_scaling_works(executor, caplog):
+    """The control actor (``maskgrpo scale``) runs on the driver's node; if it is lost anyway,
+    the next step's end starts it again (one warning) and a scale request sent to the new one
+    applies."""
+    ex = executor
+    assert ray.get(ex.control.node_id.remote(), timeout=60) == (
+        ray.get_runtime_context().get_node_id()
+    )
+    os.kill(int(ray.get(ex.control.pid.remote(), timeout=60)), signal.SIGKILL)
+    row = {"samples_per_second": 1.0, "reward_mean": 0.0}
+    with caplog.at_level("WARNING"):
+        ex.on_step_end(0, row)
+    assert [r for r in caplog.records if "control actor lost" in r.getMessage()]
+    n = len(ex.rollout_actor_ids())
+    ray.get(ex.control.request_rollout_actors.remote(n + 1), timeout=60)
+    ex.on_step_end(1, row)
+    assert len(ex.rollout_actor_ids()) == n + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_past_the_restart_budget_a_lost_actor_is_only_dropped(executor):
     ex = executor
     clean, _ = _generate(ex)
