@@ -32,8 +32,16 @@ def resolve_device(num_gpus: float) -> torch.device:
 
 
 def build_policy(model: ModelConfig, device: torch.device | None = None) -> MaskedImagePolicy:
-    """The base policy of the registered kind ``model.kind`` (``models.registry``), on ``device``."""
-    return build_model(model, device or torch.device("cpu"))
+    """The base policy of the registered kind ``model.kind`` (``models.registry``), on ``device``;
+    with ``model.lora``, the LoRA adapter injected (``maskgrpo_ray.lora``: the base frozen, the
+    adapter starting at zero, so the policy equals the base)."""
+    policy = build_model(model, device or torch.device("cpu"))
+    if model.lora is not None:
+        from maskgrpo_ray.lora import apply_lora
+
+        apply_lora(policy, model.lora, model.kind)
+        policy.to(device or torch.device("cpu"))
+    return policy
 
 
 def build_reward_from_settings(

@@ -29,6 +29,7 @@ from maskgrpo_ray.config_base import Strict
 from maskgrpo_ray.config_policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
+    LoraConfig,
     ModelConfig,
     RolloutConfig,
     ShowoModelConfig,
@@ -55,6 +56,7 @@ __all__ = [
     "LearnerConfig",
     "LikelihoodConfig",
     "LoggingConfig",
+    "LoraConfig",
     "ModelConfig",
     "RewardComponent",
     "RewardConfig",

@@ -58,6 +58,42 @@ class ShowoModelConfig(Strict):
     )
 
 
+class LoraConfig(Strict):
+    """A LoRA adapter (peft) trained instead of the model's weights: the base stays frozen, the
+    optimizer and the weight sync hold the adapter only, the KL reference is the base with the
+    adapter disabled (docs/models.md, "LoRA")."""
+
+    rank: int = Field(8, ge=1, description="r, the adapter's rank")
+    alpha: float = Field(16.0, gt=0, description="lora_alpha: the update is scaled alpha / rank")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description=(
+            "names (or name suffixes) of the linear layers that get an adapter, as peft's "
+            "LoraConfig.target_modules; 'all-linear': every linear layer"
+        ),
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout (training passes only)")
+    init_seed: int = Field(
+        0, description="seed of the adapter's A matrices (B starts at zero): every process the same"
+    )
+    save_merged: bool = Field(
+        False,
+        description=(
+            "also write RUN_DIR/final_policy_merged.safetensors: the base with the adapter "
+            "merged in (a full-size file)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraConfig:
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise ValueError(
+                "model.lora.target_modules=[]: no layer would get an adapter; name the linear "
+                "layers (e.g. [qkv, proj]) or use 'all-linear'"
+            )
+        return self
+
+
 class ModelConfig(Strict):
     """The policy: which registered masked image model, and its own settings."""
 
@@ -83,6 +119,13 @@ class ModelConfig(Strict):
         description=(
             "settings of a plugin kind without a section here, validated by its registered "
             "config_section when it has one"
+        ),
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description=(
+            "train a LoRA adapter (peft) instead of the weights: {rank, alpha, target_modules, "
+            "dropout}; null: full fine-tuning"
         ),
     )
 

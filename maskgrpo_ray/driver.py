@@ -22,7 +22,7 @@ import torch
 from maskgrpo_ray.collect import GroupSource, Pending
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import fetch_rollout
-from maskgrpo_ray.evaluation.weights import save_final_policy
+from maskgrpo_ray.evaluation.weights import export_final_policy
 from maskgrpo_ray.executor import Executor, PhaseTimer
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog, write_json_atomic
@@ -361,8 +361,10 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
     if cfg.run.export_final_policy:
         info: dict[str, Any] = {"step": cfg.train.steps, "policy_version": ex.policy_version}
         info["model_kind"] = cfg.model.kind
-        path = save_final_policy(run_dir, ex.policy_state(), info)
-        log.info("final policy: %s (maskgrpo eval --weights %s)", path, run_dir)
+        paths = export_final_policy(run_dir, cfg, ex.policy_state(), info)
+        log.info(
+            "final policy: %s (maskgrpo eval --weights %s)", ", ".join(map(str, paths)), run_dir
+        )
     loop.runlog.plot_reward_curve()
     summary = run_summary(
         cfg, ex.policy_version, start_step, loop.base, final, loop.totals, t_start

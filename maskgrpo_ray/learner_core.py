@@ -57,9 +57,14 @@ def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.O
 
 
 def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImagePolicy | None:
-    """A frozen copy of the base policy for the KL term, or None when ``kl_coef`` is 0."""
+    """A frozen copy of the base policy for the KL term, or None when ``kl_coef`` is 0. A LoRA
+    policy's reference is itself with the adapter disabled (no second copy of the weights)."""
     if s.kl_coef <= 0:
         return None
+    from maskgrpo_ray.lora import AdapterDisabled, has_adapter
+
+    if has_adapter(policy):
+        return AdapterDisabled(policy)  # type: ignore[return-value]
     return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
@@ -168,7 +173,7 @@ class TorchOptimizing:
         pass  # one process: nothing to keep in step
 
     def step(self) -> float | None:
-        params = [p for p in self.module.parameters() if p.grad is not None]
+        params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
         norm = grad_norm_and_clip(params, self.grad_clip_norm)
         self.optimizer.step()
         return norm

@@ -84,6 +84,7 @@ class RayExecutor:
         self.runs_ahead = True
         self.prompt_meta: Any = None  # an object-store ref to prompt text -> metadata
         self.last_sync_bytes = 0
+        self.syncs_adapter = cfg.model.lora is not None  # LoRA: the sync moves the adapter only
         self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
         self.control, self.control_name = start_control_actor(cfg.run.name)
         self.restarts = {"rollout": 0, "reward": 0}
@@ -359,10 +360,15 @@ class RayExecutor:
                 "every rollout actor is lost and the restart budget is spent "
                 "(rollout.max_restarts); raise it or find why they die"
             )
-        self.last_sync_bytes = rep.bytes_per_target
         self.metrics.observe("maskgrpo_weight_sync_seconds", rep.seconds)
-        self.metrics.gauge("maskgrpo_weight_bytes", rep.bytes_per_target)
+        what = "adapter" if self.syncs_adapter else "weights"
+        if not self.last_sync_bytes:
+            log.info(
+                "weight sync moves the %s: %d bytes per rollout actor", what, rep.bytes_per_target
+            )
+        self.metrics.gauge("maskgrpo_weight_bytes", rep.bytes_per_target, tags={"what": what})
         self.metrics.gauge("maskgrpo_policy_version", self.learner.version)
+        self.last_sync_bytes = rep.bytes_per_target
         return rep.seconds
 
     def evaluate(

@@ -31,7 +31,7 @@ GAUGES = {
     "maskgrpo_queue_pending_chunks": "prompt chunks waiting for an idle rollout actor",
     "maskgrpo_queue_inflight_rollouts": "chunks being generated",
     "maskgrpo_queue_inflight_rewards": "chunks being scored",
-    "maskgrpo_weight_bytes": "bytes moved per weight sync (per rollout actor)",
+    "maskgrpo_weight_bytes": "bytes moved per weight sync (per rollout actor); tag what: weights (full fine-tuning) or adapter (LoRA: the adapter only)",
     "maskgrpo_reward_actors": "live reward actors",
     "maskgrpo_learner_busy_fraction": "share of the last step's wall time the learner updated",
     "maskgrpo_step_bytes": "bytes one data-plane hop moved in the last step, by hop (rollouts, driver_received, driver_sent, learner_fetch)",
@@ -44,6 +44,7 @@ GAUGES = {
 GAUGE_TAGS = {
     "maskgrpo_eval_metric": ("metric", "model", "tag"),
     "maskgrpo_step_bytes": ("hop",),
+    "maskgrpo_weight_bytes": ("what",),
 }
 COUNTERS = {
     "maskgrpo_steps_total": "training steps finished",

@@ -82,6 +82,10 @@ class Checkpoints:
             self.ex.save(folder)
             state = {"next_step": next_step, "base": base, "totals": totals}
             torch.save({**state, "source": self.source.state_dict()}, folder / "driver.pt")
+            if self.cfg.model.lora is not None:  # the adapter, as peft saves it (eval reads it)
+                from maskgrpo_ray.lora import save_adapter
+
+                save_adapter(folder / "adapter", self.ex.policy_state(), self.cfg.model.lora)
 
         cfg = self.cfg
         where = run_store(cfg.run, self.run_dir).save(next_step, write, cfg.run.keep_checkpoints)

@@ -82,6 +82,22 @@ def _labels(specs: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def adapter_overrides(sources: list[str], config: Path | None, overrides: list[str]) -> list[str]:
+    """``model.lora=...`` from the first LoRA adapter folder among ``sources`` when the config
+    has no ``model.lora`` of its own (an adapter evaluated on its base model's config)."""
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.lora import is_adapter_folder, load_adapter
+
+    folders = [Path(s) for s in sources if is_adapter_folder(Path(s))]
+    if not folders or load_config(config, overrides).model.lora is not None:
+        return []
+    settings = load_adapter(folders[0])[1]
+    log.info(
+        "evaluating LoRA adapter %s: model.lora=%s (its adapter_config.json)", folders[0], settings
+    )
+    return [f"model.lora={json.dumps(settings)}"]
+
+
 def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Everything checked before an actor starts: config, prompts and metadata, metric files,
     weights. Raises ConfigError / ValueError / FileNotFoundError with the field and the fix."""
@@ -98,6 +114,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     overrides = list(args.overrides)
     if args.samples_per_prompt is not None:
         overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
+    overrides += adapter_overrides([s for _, s in models], config, overrides)
     cfg = load_config(config, overrides)
     spec = args.prompts or cfg.data.eval_prompts or cfg.data.prompts
     prompts = load_prompt_records(spec, "eval", column=args.prompt_column or cfg.data.prompt_column)

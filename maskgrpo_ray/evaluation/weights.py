@@ -28,17 +28,47 @@ class WeightsError(UserError, FileNotFoundError):
     """Weights an evaluation was pointed at that cannot be read."""
 
 
-def save_final_policy(run_dir: Path, state: Mapping[str, torch.Tensor], info: dict) -> Path:
-    """``RUN_DIR/final_policy.safetensors`` with ``info`` (step, version, model kind) in its
-    metadata; written to a temporary name, then renamed."""
+def save_final_policy(
+    run_dir: Path, state: Mapping[str, torch.Tensor], info: dict, name: str = FINAL_POLICY
+) -> Path:
+    """``RUN_DIR/final_policy.safetensors`` (or ``name``) with ``info`` (step, version, model
+    kind) in its metadata; written to a temporary name, then renamed."""
     from safetensors.torch import save_file
 
-    path = run_dir / FINAL_POLICY
+    path = run_dir / name
     tmp = path.with_suffix(".tmp")
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in info.items()})
     tmp.replace(path)
     return path
+
+
+FINAL_ADAPTER = "final_adapter"
+FINAL_MERGED = "final_policy_merged.safetensors"
+
+
+def export_final_policy(
+    run_dir: Path, cfg: Config, state: Mapping[str, torch.Tensor], info: dict
+) -> list[Path]:
+    """The run's end: ``final_policy.safetensors`` (the trained tensors); with ``model.lora``
+    also ``final_adapter/`` in peft's format (``PeftModel.from_pretrained`` loads it) and, with
+    ``model.lora.save_merged``, ``final_policy_merged.safetensors`` (the base with the adapter
+    merged in, under the base model's names: a policy built without LoRA loads it)."""
+    paths = [save_final_policy(run_dir, state, info)]
+    lora = cfg.model.lora
+    if lora is None:
+        return paths
+    from maskgrpo_ray.lora import merged_state, save_adapter
+
+    paths.append(save_adapter(run_dir / FINAL_ADAPTER, state, lora, base=cfg.model.kind))
+    if lora.save_merged:
+        from maskgrpo_ray.build import build_policy
+
+        policy = build_policy(cfg.model)  # the base, on this machine's CPU
+        policy.load_state_dict(dict(state), strict=False)
+        merged = merged_state(policy)
+        paths.append(save_final_policy(run_dir, merged, info, name=FINAL_MERGED))
+    return paths
 
 
 def _from_file(path: Path) -> dict[str, torch.Tensor]:
@@ -96,6 +126,15 @@ def resolve_weights(
             f"--weights {source!r}: no such file or folder; pass 'base', a run directory, a "
             "checkpoint folder or a .safetensors/.pt file"
         )
+    from maskgrpo_ray.lora import is_adapter_folder, load_adapter
+
+    if is_adapter_folder(path):  # a peft adapter folder (ours: RUN_DIR/final_adapter)
+        if cfg.model.lora is None:
+            raise WeightsError(
+                f"--weights {source}: a LoRA adapter folder, but the config has no model.lora; "
+                "evaluate it with its run's config, or set model.lora to its adapter_config.json"
+            )
+        return load_adapter(path)[0], f"{path} (LoRA adapter)"
     if (path / FINAL_POLICY).is_file():
         return _from_file(path / FINAL_POLICY), str(path / FINAL_POLICY)
     if (path / "executor.pt").is_file():  # a checkpoint folder

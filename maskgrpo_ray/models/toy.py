@@ -200,6 +200,7 @@ def pretrain(spec: ToyModelSpec, log_every: int = 200) -> ToyPolicy:
                 loss.item(),
                 time.time() - t0,
             )
+    model.zero_grad(set_to_none=True)  # no pre-training gradient stays on the base
     return model.eval()
 
 
