@@ -71,6 +71,7 @@ class ModelEntry:
 
 _MODELS: dict[str, ModelEntry] = {}
 _BUILTIN_MODELS = {
+    "amused": "maskgrpo_ray.models.amused",
     "toy": "maskgrpo_ray.models.toy",
     "showo": "maskgrpo_ray.models.showo",
     "sim": "maskgrpo_ray.models.sim",  # a simulated accelerator (cost_model profiles)
