@@ -42,8 +42,8 @@ _OURS = re.compile(r"\.(lora_[A-Za-z_]+)\." + ADAPTER + r"(\.|$)")
 _PEFT = re.compile(r"\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)\.")
 
 
-def peft_config(lora: LoraConfig) -> Any:
-    """peft's ``LoraConfig`` for ours."""
+def peft_config(lora: LoraConfig, exclude: list[str] | None = None) -> Any:
+    """peft's ``LoraConfig`` for ours; ``exclude``: module names that get no adapter."""
     from peft import LoraConfig as PeftLoraConfig
 
     targets = lora.target_modules
@@ -51,9 +51,18 @@ def peft_config(lora: LoraConfig) -> Any:
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes a float too
         target_modules=targets if isinstance(targets, str) else list(targets),
+        exclude_modules=exclude or None,
         lora_dropout=lora.dropout,
         bias="none",
     )
+
+
+def frozen_linear_layers(policy: torch.nn.Module) -> list[str]:
+    """The linear layers whose weights the model itself keeps frozen (e.g. aMUSEd's text
+    encoder and VQ model): an adapter there would never get a gradient, so none is put there."""
+    return [
+        n for n, m in policy.named_modules() if n and _is_linear(m) and not m.weight.requires_grad
+    ]
 
 
 def apply_lora(policy: MaskedImagePolicy, lora: LoraConfig, kind: str) -> MaskedImagePolicy:
@@ -64,7 +73,8 @@ def apply_lora(policy: MaskedImagePolicy, lora: LoraConfig, kind: str) -> Masked
     try:
         with torch.random.fork_rng(devices=[]):  # A's init: the same in every process
             torch.manual_seed(lora.init_seed)
-            inject_adapter_in_model(peft_config(lora), policy, adapter_name=ADAPTER)
+            config = peft_config(lora, frozen_linear_layers(policy))
+            inject_adapter_in_model(config, policy, adapter_name=ADAPTER)
     except ValueError as err:
         linear = sorted(
             {n.rsplit(".", 1)[-1] for n, m in policy.named_modules() if _is_linear(m) and n}
@@ -167,6 +177,9 @@ def save_adapter(
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = peft_config(lora)
+    # the layers that have an adapter, by full name: exact for any model (the config's names
+    # and 'all-linear' were resolved against the model, frozen layers left out)
+    cfg.target_modules = sorted({k.split(".lora_", 1)[0] for k in state})
     cfg.base_model_name_or_path = base or None
     cfg.save_pretrained(str(folder))
     tensors = {k: v.detach().cpu().contiguous() for k, v in to_peft_names(state).items()}

@@ -167,7 +167,14 @@ def test_the_saved_adapter_is_peft_format_and_merged_weights_load_in_the_base(tm
     assert settings == {
         "rank": 4,
         "alpha": 8.0,
-        "target_modules": ["head", "proj", "qkv"],
+        # the adapted layers by full name: exact for any model
+        "target_modules": [
+            "blocks.0.proj",
+            "blocks.0.qkv",
+            "blocks.1.proj",
+            "blocks.1.qkv",
+            "head",
+        ],
         "dropout": 0.0,
     }
     assert all(torch.equal(loaded[k], state[k]) for k in state)
