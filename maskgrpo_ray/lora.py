@@ -57,11 +57,21 @@ def peft_config(lora: LoraConfig, exclude: list[str] | None = None) -> Any:
     )
 
 
-def frozen_linear_layers(policy: torch.nn.Module) -> list[str]:
-    """The linear layers whose weights the model itself keeps frozen (e.g. aMUSEd's text
-    encoder and VQ model): an adapter there would never get a gradient, so none is put there."""
+def no_adapter_layers(policy: torch.nn.Module) -> list[str]:
+    """Linear layers that get no adapter whatever ``target_modules`` says:
+
+    * those whose weights the model itself keeps frozen (e.g. aMUSEd's text encoder and VQ
+      model): an adapter there would never get a gradient;
+    * subclasses of ``nn.Linear`` with a forward of their own (e.g. Show-o's ``lm_head``, which
+      computes only some vocabulary columns): peft's adapter adds ``x A^T B^T`` to the layer's
+      output and assumes the plain ``x W^T + b`` shape.
+    """
     return [
-        n for n, m in policy.named_modules() if n and _is_linear(m) and not m.weight.requires_grad
+        n
+        for n, m in policy.named_modules()
+        if n
+        and _is_linear(m)
+        and (not m.weight.requires_grad or type(m).forward is not torch.nn.Linear.forward)
     ]
 
 
@@ -73,7 +83,7 @@ def apply_lora(policy: MaskedImagePolicy, lora: LoraConfig, kind: str) -> Masked
     try:
         with torch.random.fork_rng(devices=[]):  # A's init: the same in every process
             torch.manual_seed(lora.init_seed)
-            config = peft_config(lora, frozen_linear_layers(policy))
+            config = peft_config(lora, no_adapter_layers(policy))
             inject_adapter_in_model(config, policy, adapter_name=ADAPTER)
     except ValueError as err:
         linear = sorted(
