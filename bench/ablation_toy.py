@@ -109,6 +109,22 @@ VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
         "above",
         "MaskFocus: mask sizes of the K steps where the prediction changes most",
     ),
+    # LoRA (issue 25): the adapter trains, the base stays; a LoRA needs a larger step size
+    "LoRA r=8 all-linear, lr 1e-2": (
+        ["model.lora={rank: 8, alpha: 16}", "train.learning_rate=1.0e-2"],
+        None,
+        "the adapter only (the optimizer and the weight sync hold 12.9 k of the toy's 70.7 k parameters)",
+    ),
+    "LoRA r=8 all-linear, lr 3e-3": (
+        ["model.lora={rank: 8, alpha: 16}", "train.learning_rate=3.0e-3"],
+        None,
+        "the adapter at 3x full fine-tuning's learning rate",
+    ),
+    "LoRA r=8 all-linear, lr 1e-3": (
+        ["model.lora={rank: 8, alpha: 16}"],
+        None,
+        "the adapter at full fine-tuning's learning rate",
+    ),
 }
 
 # two-sided 95% Student t quantiles by degrees of freedom
