@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from maskgrpo_ray.config_base import Strict
 from maskgrpo_ray.evaluation.metric_spec import MetricSpec
+from maskgrpo_ray.trackers import TrackerName, check_args, check_installed
 
 
 class EvalConfig(Strict):
@@ -73,6 +74,28 @@ class LoggingConfig(Strict):
         20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"
     )
     progress_bar: bool = Field(True, description="show a tqdm progress bar")
+    trackers: list[TrackerName] = Field(
+        default_factory=list,
+        description="experiment trackers the driver also logs to: step metrics, sample grids, "
+        "the config, the summary (docs/operations.md#trackers); each needs its library "
+        "(tensorboard, wandb, mlflow-skinny)",
+    )
+    tracker_args: dict[TrackerName, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="per-tracker settings: tensorboard {log_dir}, wandb {project, entity, group, "
+        "mode, dir}, mlflow {tracking_uri, experiment_name}; defaults write into the run folder",
+    )
+
+    @field_validator("trackers")
+    @classmethod
+    def _installed(cls, names: list[TrackerName]) -> list[TrackerName]:
+        check_installed(names)
+        return names
+
+    @model_validator(mode="after")
+    def _tracker_args(self) -> LoggingConfig:
+        check_args(list(self.trackers), self.tracker_args)
+        return self
 
 
 class RunConfig(Strict):

@@ -25,7 +25,7 @@ from maskgrpo_ray.data_plane import fetch_rollout
 from maskgrpo_ray.evaluation.weights import export_final_policy
 from maskgrpo_ray.executor import Executor, PhaseTimer
 from maskgrpo_ray.learner_core import LearnerLost
-from maskgrpo_ray.metrics import RunLog, write_json_atomic
+from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.phases import make_train_batch
 from maskgrpo_ray.recovery import Cadence, Checkpoints, Preemption, RunFailed, StepAbandoned
 from maskgrpo_ray.step_figures import (
@@ -317,31 +317,47 @@ def train(
     loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg))
     ckpts = Checkpoints(cfg, ex, source, run_dir, runlog)
     start_step = _start(loop, ckpts, resume_from)
+    lc = cfg.logging
+    config = cfg.model_dump(mode="json")
+    with runlog.tracking(lc.trackers, lc.tracker_args, config, start_step, cfg.run.name):
+        return _run(loop, ckpts, run_dir, start_step, t_start, on_step_end)
+
+
+def _run(
+    loop: _Loop,
+    ckpts: Checkpoints,
+    run_dir: Path,
+    start_step: int,
+    t_start: float,
+    on_step_end: Any,
+) -> dict[str, Any]:
+    """The step loop under the preemption handler, then the end of a stopped or a whole run."""
+    cfg, ex = loop.cfg, loop.ex
     stop = Preemption(cfg.run.preemption_grace_seconds)
     stop.install()
     try:
         next_step, saved_step, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
     finally:
         stop.uninstall()
-        source.shutdown()
+        loop.source.shutdown()
     if stop.requested:
         resume_at = saved_step
         if not abandoned:
             resume_at = stop.checkpoint_before_exit(
                 ckpts, next_step, saved_step, loop.base, loop.totals
             )
-        runlog.plot_reward_curve()
+        loop.runlog.plot_reward_curve()
         summary = run_summary(
             cfg, ex.policy_version, start_step, loop.base, {}, loop.totals, t_start
         )
         summary.update(
-            eval_prompts=len(eval_prompts),
+            eval_prompts=len(loop.eval_prompts),
             completed=False,
             stopped_by=stop.signal_name,
             steps_done=next_step,
             resume_step=resume_at,
         )
-        write_json_atomic(run_dir / "summary.json", summary)
+        loop.runlog.write_summary(summary)
         log.warning(
             "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
             stop.signal_name,
@@ -371,5 +387,5 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
     )
     summary["eval_prompts"] = len(loop.eval_prompts)
     summary["completed"] = True
-    write_json_atomic(run_dir / "summary.json", summary)
+    loop.runlog.write_summary(summary)
     return summary

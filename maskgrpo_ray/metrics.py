@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image, ImageDraw
+
+from maskgrpo_ray.trackers import TrackerArgs, TrackerName, Trackers, open_trackers
 
 CURVES = (
     # (panel, metric key, legend label): what the reward-curve figure draws where logged
@@ -59,7 +63,8 @@ def reward_curve_figure(rows: list[dict[str, Any]]) -> Any:
 
 
 class RunLog:
-    """Writes a run directory's step metrics and pictures."""
+    """Writes a run directory's step metrics, pictures and summary, and passes them on to the
+    experiment trackers opened by :meth:`tracking` (none by default)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -69,6 +74,26 @@ class RunLog:
         self.rows: list[dict[str, Any]] = []
         if self.path.exists():  # resuming: keep what earlier steps wrote
             self.rows = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+        self.trackers = Trackers()
+
+    @contextmanager
+    def tracking(
+        self,
+        names: Sequence[TrackerName],
+        args: TrackerArgs,
+        config: Mapping[str, Any],
+        start_step: int,
+        run_name: str,
+    ) -> Iterator[Trackers]:
+        """The named trackers (:mod:`maskgrpo_ray.trackers`) open for the block, closed at its
+        end, marked failed when it raises."""
+        self.trackers = open_trackers(names, args, self.run_dir, config, start_step, run_name)
+        ok = False
+        try:
+            yield self.trackers
+            ok = True
+        finally:
+            self.trackers.close(ok)
 
     def log_step(self, row: dict[str, Any]) -> None:
         clean = {
@@ -78,6 +103,9 @@ class RunLog:
         self.rows = [r for r in self.rows if r.get("step") != clean.get("step")] + [clean]
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+        step = clean.get("step")
+        if isinstance(step, int):
+            self.trackers.log_metrics(step, clean)
 
     def truncate_from(self, step: int) -> None:
         """Drop rows of ``step`` and later (a resumed run re-does them)."""
@@ -120,7 +148,15 @@ class RunLog:
                 d.text((4, r * row_h + row_h // 2 - 6), text[:40], fill="black")
         out = self.run_dir / "samples" / f"step_{step:06d}.png"
         img.save(out)
+        self.trackers.log_image(step, "samples", out)
         return out
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """``summary.json``, its numbers to the trackers; ``tracker_failures`` when any failed."""
+        self.trackers.log_summary(summary)
+        if self.trackers.failures:
+            summary["tracker_failures"] = dict(self.trackers.failures)
+        write_json_atomic(self.run_dir / "summary.json", summary)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
