@@ -60,14 +60,6 @@ class LearnerGroup:
         self.settings, self.timeout_s = settings, timeout_s
         lc = settings.learner
         self.world_size = lc.num_workers
-        if lc.zero_stage > 0 and self.world_size > 1:
-            log.warning(
-                "learner.zero_stage=%d with %d ranks: the update is not yet verified equal to "
-                "the single-process one (stage 0 is, tests/test_learner_deepspeed.py); a "
-                "world-2 ZeRO-2 check shows a ~2%% different gradient norm",
-                lc.zero_stage,
-                self.world_size,
-            )
         bundle = {
             k: v
             for k, v in (("CPU", lc.num_cpus_per_worker), ("GPU", lc.num_gpus_per_worker))

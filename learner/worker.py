@@ -12,13 +12,20 @@ DeepSpeed's accelerator) and train on whole groups of the update's batch
   gradients locally (no 1/GAS scaling), and ``engine.step`` is the one boundary that reduces
   across ranks, clips (``train.grad_clip_norm``) and steps the optimizer;
 * every rank calls ``engine.backward`` the same number of times (ranks with fewer micro-batches
-  add zero-loss backwards), since ZeRO stage 2/3 reduce inside every backward.
+  add zero-loss backwards), since ZeRO stage 2/3 reduce inside every backward;
+* ZeRO stage 2/3 (:class:`DeepSpeedOptimizing`): the reduction buckets are filled in the order
+  the gradient hooks fire, so a zero-loss backward replays a real micro-batch's graph (a
+  different graph would pair different parameters' gradients in the reduction), and before
+  each backward the ZeRO optimizer is told a new micro-step begins (what ``engine.forward``
+  does; the policy's forward is called directly), else ZeRO-3 overwrites the accumulated
+  gradient partitions instead of adding to them (docs/ray_system.md, "Learner gradients").
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -123,6 +130,7 @@ class DeepSpeedOptimizing:
     def __init__(self, engine: Any, worker: LearnerWorker) -> None:
         self.engine, self.worker = engine, worker
         self.module: MaskedImagePolicy = engine.module
+        self.reduces_in_backward = worker.learner.zero_stage >= 2
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.engine.optimizer, lr)
@@ -131,11 +139,34 @@ class DeepSpeedOptimizing:
         pass  # engine.step zeroes the gradients it reduced
 
     def backward(self, loss: torch.Tensor) -> None:
+        self._begin_micro_step()
         self.engine.backward(loss)
 
-    def pad_backward(self) -> None:
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        self.engine.backward(sum((p * 0).sum() for p in params))
+    def pad_backward(self, replay: Callable[[], torch.Tensor | None]) -> None:
+        """A zero-loss backward. ZeRO-2/3 reduce in it, bucketing gradients in hook order: it
+        replays a real micro-batch's graph (``replay``), so every rank fills its buckets in the
+        same order. Stage 0/1 reduce once in ``engine.step``: a sum over the trained parameters
+        does (no forward)."""
+        loss = replay() if self.reduces_in_backward else None
+        if loss is None:
+            if self.reduces_in_backward:
+                log.warning(
+                    "learner rank %d: an empty shard pads ZeRO-%d backwards without a real "
+                    "graph; the update may pair gradients of different parameters",
+                    self.worker.rank,
+                    self.worker.learner.zero_stage,
+                )
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            loss = sum((p * 0).sum() for p in params)  # type: ignore[assignment]
+        self._begin_micro_step()
+        self.engine.backward(loss)
+
+    def _begin_micro_step(self) -> None:
+        """ZeRO-2/3: what ``engine.forward`` does first (the policy's forward is called
+        directly): the ZeRO optimizer's per-backward state is reset and ZeRO-3 counts a new
+        micro-step, so this backward's gradient partitions add to the earlier ones."""
+        if self.reduces_in_backward:
+            self.engine.optimizer.clear_backward_seen_flag()
 
     def step(self) -> float | None:
         self.engine.step()

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from maskgrpo_ray.algo.grpo import select_train_steps
-from maskgrpo_ray.learner_loss import accumulate_gradients
+from maskgrpo_ray.learner_loss import accumulate_gradients, pad_loss
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
 from maskgrpo_ray.types import TrainBatch
@@ -145,8 +146,9 @@ class Optimizing(Protocol):
 
     def backward(self, loss: torch.Tensor) -> None: ...
 
-    def pad_backward(self) -> None:
-        """A zero-loss backward (ranks with fewer micro-batches keep collectives in step)."""
+    def pad_backward(self, replay: Callable[[], torch.Tensor | None]) -> None:
+        """A zero-loss backward (ranks with fewer micro-batches keep collectives in step);
+        ``replay()`` gives a zero loss with a real micro-batch's graph (None: empty batch)."""
 
     def step(self) -> float | None:
         """Clip (``grad_clip_norm``), take the optimizer step; the pre-clip gradient norm."""
@@ -169,7 +171,7 @@ class TorchOptimizing:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def pad_backward(self) -> None:
+    def pad_backward(self, replay: Callable[[], torch.Tensor | None]) -> None:
         pass  # one process: nothing to keep in step
 
     def step(self) -> float | None:
@@ -265,8 +267,18 @@ def _optimizer_step(
         guards=s.guards,
         autocast=s.autocast,
     )
+
+    def replay() -> torch.Tensor | None:
+        return pad_loss(
+            opt.module,
+            batch,
+            train_steps=units,
+            micro_batch=s.micro_batch_pairs,
+            autocast=s.autocast,
+        )
+
     for _ in range(num_backward - calls[0]):
-        opt.pad_backward()
+        opt.pad_backward(replay)
     norm = opt.step()
     if norm is not None:
         metrics["grad_norm"] = float(norm)

@@ -171,6 +171,29 @@ def accumulate_gradients(
     return sums
 
 
+def pad_loss(
+    policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    *,
+    train_steps: torch.Tensor,
+    micro_batch: int,
+    autocast: str = "off",
+) -> torch.Tensor | None:
+    """A zero-valued loss with a real backward graph: the policy's log-probs of the batch's
+    first micro-batch (as :func:`accumulate_gradients` forms it), summed, times zero; None for
+    an empty batch. Its backward gives every parameter an exactly-zero gradient, produced by the
+    same autograd graph, so in the same order, as a real micro-batch's (the order in which
+    DeepSpeed ZeRO-2/3 fill their gradient-reduction buckets)."""
+    samples, steps = train_pairs(batch, train_steps)
+    if len(samples) == 0:
+        return None
+    s, t = samples[:micro_batch], steps[:micro_batch]
+    device = next(policy.parameters()).device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+        logp = pair_log_probs(policy, batch, s, t)
+    return logp.float().sum() * 0.0
+
+
 def _micro_batch_loss(
     policy: MaskedImagePolicy,
     ref_policy: MaskedImagePolicy | None,
