@@ -22,6 +22,7 @@ from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.algo.grpo import group_advantages, group_std
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
+from maskgrpo_ray.diversity import group_diversity, reward_embedding
 from maskgrpo_ray.learner_loss import unit_log_probs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
@@ -202,7 +203,8 @@ def score_rewards(
         acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts, metas)
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
-    return RewardResult(total, parts, acc, failures)
+    diversity = group_diversity(batch.images, batch.group_size, reward_embedding(reward))
+    return RewardResult(total, parts, acc, failures, diversity)
 
 
 def _score_component(

@@ -50,6 +50,8 @@ def reward_figures(generated: ScoredBatch, kept: ScoredBatch | None) -> dict[str
     }
     for k, v in generated.reward_parts.items():
         out[f"reward/{k}"] = _finite_mean(v)
+    for k, v in generated.diversity.items():  # "diversity/distinct", "diversity/pairwise"
+        out[k] = _finite_mean(v)
     if generated.accuracy is not None:
         out["accuracy"] = _finite_mean(generated.accuracy)
         acc_kept = None if kept is None else kept.accuracy

@@ -199,6 +199,8 @@ class RewardResult:
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
     # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    # maskgrpo_ray.diversity's per-sample figures (name -> [N]; a group's mean is its diversity)
+    diversity: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ class ScoredBatch:
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
     # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    # maskgrpo_ray.diversity's per-sample figures (name -> [N]; a group's mean is its diversity)
+    diversity: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod
     def join(rollout: RolloutBatch | RolloutRefs, result: RewardResult) -> ScoredBatch:
@@ -225,6 +229,7 @@ class ScoredBatch:
             result.reward_parts,
             result.accuracy,
             result.reward_failures,
+            result.diversity,
         ).validate()
 
     @staticmethod
@@ -244,6 +249,11 @@ class ScoredBatch:
             {k: torch.cat([p.reward_parts[k] for p in parts]) for k in parts[0].reward_parts},
             acc,
             merge_reward_failures(*(p.reward_failures for p in parts)),
+            {
+                k: torch.cat([p.diversity[k] for p in parts])
+                for k in parts[0].diversity
+                if all(k in p.diversity for p in parts)
+            },
         )
 
     def groups(self, keep: torch.Tensor) -> ScoredBatch:
@@ -255,6 +265,8 @@ class ScoredBatch:
             self.rewards[rows],
             {k: v[rows] for k, v in self.reward_parts.items()},
             None if self.accuracy is None else self.accuracy[rows],
+            {},
+            {k: v[rows] for k, v in self.diversity.items()},
         )
 
     def validate(self) -> ScoredBatch:
@@ -262,6 +274,8 @@ class ScoredBatch:
         _check(self.rewards.shape == (n,), f"rewards must be [N={n}]")
         for k, v in self.reward_parts.items():
             _check(v.shape == (n,), f"reward part {k!r} must be [N={n}]")
+        for k, v in self.diversity.items():
+            _check(v.shape == (n,), f"diversity figure {k!r} must be [N={n}]")
         return self
 
 

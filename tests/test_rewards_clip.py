@@ -203,3 +203,16 @@ def test_cuda_bf16_close_to_cpu_fp32(tiny, reward, images):
     scores = gpu(images, PROMPTS)
     assert scores.device.type == "cpu" and scores.dtype == torch.float32
     torch.testing.assert_close(scores, fast_cpu(images, PROMPTS), rtol=0.05, atol=0.05)
+
+
+def test_embed_is_the_normalised_image_features_the_score_uses(reward, images):
+    """The diversity embedding (``maskgrpo_ray.diversity``): the same image features the
+    score takes the cosine of, normalised."""
+    feats = reward.embed(images)
+    assert feats.shape[0] == 4 and feats.device.type == "cpu"
+    torch.testing.assert_close(feats.norm(dim=-1), torch.ones(4), rtol=1e-5, atol=1e-5)
+    text = reward.model.encode_text(reward.tokenizer(["a red cat"]), normalize=True).float()
+    cos = (feats[:2] * text).sum(-1)
+    torch.testing.assert_close(
+        cos / 0.07, reward(images[:2], ["a red cat"] * 2), rtol=1e-4, atol=1e-4
+    )

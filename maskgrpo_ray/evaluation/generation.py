@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.diversity import DISTINCT, PAIRWISE
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.phases import generate, score_rewards
 from maskgrpo_ray.settings import EvalSettings
@@ -80,22 +81,25 @@ def unit_rewards(
     reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
 ) -> dict[str, torch.Tensor]:
     """The training reward on an evaluation unit: ``reward`` ``[N]`` and, where the reward
-    defines one, ``accuracy`` ``[N]`` (NaN where scoring failed)."""
+    defines one, ``accuracy`` ``[N]`` (NaN where scoring failed), and the diversity of each
+    prompt's samples (``maskgrpo_ray.diversity``: a unit's group is one prompt's samples)."""
     result = score_rewards(reward, batch, prompt_meta)
     out = {"reward": result.rewards}
     if result.accuracy is not None:
         out["accuracy"] = result.accuracy
+    out.update(result.diversity)
     return out
 
 
 def summarize(
     per_unit: Sequence[dict[str, torch.Tensor]], tags: Sequence[str | None] | None = None
 ) -> dict[str, float]:
-    """``eval_reward`` and ``eval_accuracy``: means over the finite per-sample values of all
-    units (NaN when none is finite). With ``tags`` (one per prompt, in prompt order: the
-    prompts' GenEval tags), also ``eval_<key>/<tag>`` per tag."""
+    """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``.../pairwise``:
+    means over the finite per-sample values of all units (NaN when none is finite). With ``tags``
+    (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
+    tag."""
     out: dict[str, float] = {}
-    for key in ("reward", "accuracy"):
+    for key in ("reward", "accuracy", DISTINCT, PAIRWISE):
         parts = [u[key] for u in per_unit if key in u]
         if not parts:
             continue

@@ -164,7 +164,7 @@ def scorers(
     def training_reward(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
         return unit_rewards(reward, batch)
 
-    out: dict[str, SampleScorer] = {"reward": training_reward}
+    out: dict[str, SampleScorer] = {"reward": training_reward}  # with the diversity figures
     geneval_rule = entry_for(cfg.model).geneval_rule
     if geneval_rule is not None and metas_known:
         rule = geneval_rule(cfg.model)

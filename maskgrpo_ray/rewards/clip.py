@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.hub import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import TENSOR_RESIZE_MODES, ImagePreprocess, pixels_from_uint8
@@ -169,7 +170,17 @@ def check_files(
     resolve_clip_weights(model_name, pretrained, cache_dir)
 
 
-@register_reward("clip", takes_device=True, check_files=check_files)
+HUB_MODEL = HubField(
+    "model_name",
+    local_prefix="local-dir:",
+    allow_patterns=("open_clip_*", "*.json", "*.txt", "*.model"),  # not transformers' weights
+)
+"""``model_name: hf://org/name[@revision]`` (an open_clip repo) is fetched by the driver and
+becomes ``local-dir:<snapshot>``; open_clip's ``hf-hub:org/name`` keeps its old meaning (the
+HF cache, or a download when ``MASKGRPO_ALLOW_DOWNLOADS=1``)."""
+
+
+@register_reward("clip", takes_device=True, check_files=check_files, hub_fields=(HUB_MODEL,))
 class ClipReward(ModelReward):
     """CLIP score of each image with its prompt, from any open_clip model.
 
@@ -259,6 +270,16 @@ class ClipReward(ModelReward):
             p for p in set(prompts) if _token_count(self.tokenizer, p) > self.context_length
         }
         return sum(p in too_long for p in prompts)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The normalised CLIP image features of ``images`` uint8 [N, H, W, 3]: float [N, D] on
+        the CPU (the embedding ``maskgrpo_ray.diversity`` measures distances in)."""
+        feats = []
+        with torch.no_grad():
+            for start in range(0, images.shape[0], self.batch_size):
+                chunk = images[start : start + self.batch_size]
+                feats.append(self.model.encode_image(self.pixels(chunk), normalize=True).float())
+        return torch.cat(feats).cpu()
 
     def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         """``images`` uint8 [N, H, W, 3] (N > 0, checked) against ``prompts`` -> float32 [N]."""

@@ -69,6 +69,18 @@ class ToyRuleReward:
     def accuracy(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         return judge(images, prompts, self.grid)["correct"]
 
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """What this reward sees of an image: its palette cells, one-hot, float ``[N, L * C]``
+        (``1 - cos`` of two images is the share of cells that differ; ``maskgrpo_ray.diversity``)."""
+        return cell_features(images, self.grid)
+
+
+def cell_features(images: torch.Tensor, grid: int) -> torch.Tensor:
+    """The palette cells read from the pixels, one-hot and flattened: float ``[N, L * C]``."""
+    cells = toyworld.pixels_to_cells(images.cpu(), grid)  # [N, g, g]
+    onehot = torch.nn.functional.one_hot(cells.long().flatten(1), len(toyworld.PALETTE))
+    return onehot.flatten(1).float()
+
 
 @register_reward("toy_rules")
 def build_toy_rules(grid: int = 4, name: str = "toy_rules") -> ToyRuleReward:
@@ -118,6 +130,10 @@ class ToyGenEvalReward:
         metas: Sequence[dict | None] | None = None,
     ) -> torch.Tensor:
         return self(images, prompts, metas)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The palette cells, one-hot (as :meth:`ToyRuleReward.embed`)."""
+        return cell_features(images, self.grid)
 
 
 @register_reward("toy_geneval")
