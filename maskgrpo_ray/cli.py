@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,6 +21,7 @@ from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config, ConfigError, load_config
 from maskgrpo_ray.driver import RunFailed
 from maskgrpo_ray.errors import UserError, one_line
+from maskgrpo_ray.hub import pending_fields, resolve_config
 from maskgrpo_ray.storage import CheckpointError
 
 log = logging.getLogger("maskgrpo")
@@ -144,10 +146,12 @@ class RunPrompts:
     eval: list[Any]
 
 
-def preflight(cfg: Config) -> RunPrompts:
+def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     """What a run needs before anything starts: its prompt files read and checked, the model
-    kind's and the rewards' files found (nothing downloaded). Raises a :class:`UserError`
-    naming the field, the path and the fix."""
+    kind's and the rewards' files found (nothing downloaded: hub ids were resolved before, by
+    :func:`maskgrpo_ray.hub.resolve_config`). ``unfetched``: config keys holding a hub id that
+    was checked on the hub but not downloaded (``maskgrpo validate``); their files are not
+    checked. Raises a :class:`UserError` naming the field, the path and the fix."""
     from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.models.registry import check_model_files
     from maskgrpo_ray.rewards.base import check_reward_files
@@ -158,8 +162,17 @@ def preflight(cfg: Config) -> RunPrompts:
     evals = load_prompt_records(
         cfg.data.eval_prompts or cfg.data.prompts, "eval", column=column
     ).records
-    check_model_files(cfg.model)
-    check_reward_files(settings_from_config(cfg).reward.specs)
+    if not any(k.startswith("model.") for k in unfetched):
+        check_model_files(cfg.model)
+    specs = settings_from_config(cfg).reward.specs
+    fetched = [
+        s
+        for i, s in enumerate(specs)
+        if not any(k.startswith(f"reward.components[{i}].") for k in unfetched)
+    ]
+    check_reward_files(fetched)
+    for key in sorted(unfetched):
+        log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)
     return RunPrompts(train, evals)
 
 
@@ -346,7 +359,9 @@ def _run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config or saved, overrides)
     else:
         cfg = load_config(args.config, overrides)
-    prompts = preflight(cfg)  # prompt files and model files, before any actor or folder
+    # hub ids -> local snapshot folders, once, here (validate: fetches nothing)
+    cfg, found = resolve_config(cfg, download=args.command != "validate")
+    prompts = preflight(cfg, pending_fields(found))  # prompts and model files, before any actor
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0

@@ -45,11 +45,17 @@ class ToyModelConfig(Strict):
 class ShowoModelConfig(Strict):
     """Show-o (Phi-1.5 transformer + MAGVIT-v2 tokenizer), from local folders or the HF cache."""
 
-    showo_path: str | None = Field(None, description="local folder or HF cache repo id of Show-o")
-    magvit_path: str | None = Field(
-        None, description="local folder or HF cache repo id of MAGVIT-v2"
+    showo_path: str | None = Field(
+        None,
+        description="Show-o: local folder, HF cache repo id, or hub id hf://org/name[@revision]",
     )
-    tokenizer_path: str | None = Field(None, description="local folder of the Phi-1.5 tokenizer")
+    magvit_path: str | None = Field(
+        None,
+        description="MAGVIT-v2: local folder, HF cache repo id, or hub id hf://org/name[@revision]",
+    )
+    tokenizer_path: str | None = Field(
+        None, description="Phi-1.5 tokenizer: local folder or hub id hf://org/name[@revision]"
+    )
     tiny_random: bool = Field(False, description="build a tiny random Show-o (tests, CPU demo)")
     resolution_px: Literal[256, 512] = Field(256, description="image side in pixels")
     max_text_tokens: int = Field(128, ge=1, description="prompt length in text tokens (padded)")

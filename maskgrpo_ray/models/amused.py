@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from maskgrpo_ray.hub import HubField
 from maskgrpo_ray.models.amused_loading import (
     AmusedParts,
     check_amused_folder,
@@ -54,7 +55,8 @@ class AmusedModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = Field(
-        description="aMUSEd diffusers folder (amused/amused-256 layout), or an HF cache repo id"
+        description="aMUSEd diffusers folder (amused/amused-256 layout), an HF cache repo id, or "
+        "a hub id hf://org/name[@revision] (downloaded by the driver)"
     )
     variant: Literal["fp16"] | None = Field(
         None, description="weights variant to read ('fp16': *.fp16.safetensors); null: default"
@@ -339,6 +341,11 @@ def _check_files(model: ModelConfig) -> None:
 register_model(
     "amused",
     ModelEntry(
-        build=_build, config_section=AmusedModelConfig, check=_check, check_files=_check_files
+        build=_build,
+        config_section=AmusedModelConfig,
+        check=_check,
+        check_files=_check_files,
+        # the loader reads safetensors only: a repo's pickled and other-framework files stay
+        hub_fields=(HubField("args.path", ignore_patterns=("*.bin", "*.msgpack", "*.onnx*")),),
     ),
 )

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from maskgrpo_ray.config import Config, ModelConfig
+    from maskgrpo_ray.hub import HubField
     from maskgrpo_ray.models.base import MaskedImagePolicy
 
 
@@ -54,6 +55,9 @@ class ModelEntry:
             ``UserError`` naming the field, the path and the fix.
         reward_defaults: ``(model_cfg, reward_kind) -> kwargs`` that a reward component of that
             kind gets unless its ``args`` set them (e.g. the toy rules reward's ``grid``).
+        hub_fields: the fields of the ``model`` section that take a Hugging Face hub id
+            (``org/name[@revision]``) besides a local path; :func:`maskgrpo_ray.hub.resolve_config`
+            replaces those ids by local snapshot folders in the driver before any actor starts.
         geneval_rule: ``model_cfg -> scorer``, where ``scorer(images uint8 [N, H, W, 3],
             metadata of each image) -> {"geneval": float32 [N]}`` applies GenEval's rule to the
             kind's images by exact detection (the toy world's palette cells); None: the kind
@@ -67,6 +71,7 @@ class ModelEntry:
     check_files: Callable[[ModelConfig], None] | None = None
     reward_defaults: Callable[[ModelConfig, str], Mapping[str, Any]] | None = None
     geneval_rule: Callable[[ModelConfig], GenEvalScorer] | None = None
+    hub_fields: tuple[HubField, ...] = ()
 
 
 _MODELS: dict[str, ModelEntry] = {}

@@ -15,11 +15,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from maskgrpo_ray.errors import UserError, one_line
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.hub import HubField
 
 __all__ = [
     "CompositeReward",
@@ -183,10 +186,15 @@ _BUILTIN_KIND_MODULES = {
 
 
 _CHECK_FILES: dict[str, Callable[..., None]] = {}
+_HUB_FIELDS: dict[str, tuple[HubField, ...]] = {}
 
 
 def register_reward(
-    kind: str, *, takes_device: bool = False, check_files: Callable[..., None] | None = None
+    kind: str,
+    *,
+    takes_device: bool = False,
+    check_files: Callable[..., None] | None = None,
+    hub_fields: tuple[HubField, ...] = (),
 ) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator: make ``factory`` the builder of reward ``kind`` for :func:`build_reward`.
 
@@ -196,6 +204,8 @@ def register_reward(
         check_files: called with the factory's keyword arguments before anything starts
             (:func:`check_reward_files`): raises a ``UserError`` when the reward's files are
             not here, without building the model.
+        hub_fields: the ``args`` that take a Hugging Face hub id; the driver replaces them by
+            local snapshot folders before any actor starts (:mod:`maskgrpo_ray.hub`).
     """
 
     def decorate(factory: RewardFactory) -> RewardFactory:
@@ -206,6 +216,8 @@ def register_reward(
             _TAKES_DEVICE.add(kind)
         if check_files is not None:
             _CHECK_FILES[kind] = check_files
+        if hub_fields:
+            _HUB_FIELDS[kind] = hub_fields
         return factory
 
     return decorate
@@ -217,6 +229,12 @@ class RewardDependencyMissing(UserError, ImportError):
 
 class RewardKindUnknown(UserError, ValueError):
     """A reward kind that no module registered."""
+
+
+def reward_hub_fields(kind: str) -> tuple[HubField, ...]:
+    """The ``args`` of reward ``kind`` that take a hub id (its module imported first)."""
+    _factory(kind)
+    return _HUB_FIELDS.get(kind, ())
 
 
 def check_reward_files(specs: Sequence[RewardSpec]) -> None:
