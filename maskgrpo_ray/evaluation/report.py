@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.evaluation.html_report import write_html_report
 from maskgrpo_ray.evaluation.types import EvalSample, ModelEval
 
 
@@ -330,4 +331,5 @@ def build_report(
     safe = _json_safe(tables)
     (out_dir / "report.json").write_text(json.dumps(safe, indent=2) + "\n")
     (out_dir / "report.md").write_text(markdown(safe, files, confidence))
+    write_html_report(out_dir, safe, evals, grid_prompts, samples)
     return safe
