@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import ray
@@ -220,17 +221,16 @@ def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
 
 
 def _ray_pids() -> set[int]:
+    """This test's processes and its Ray cluster's (those naming its session), not another Ray
+    session's on the same machine (a concurrent run's head is no concern of this cluster's)."""
     import psutil
 
+    session = Path(ray._private.worker.global_worker.node.get_session_dir_path()).name
     me = psutil.Process()
     pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
     for p in psutil.process_iter(["name", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if (
-            "session_latest" in cmd
-            or "/tmp/ray/session" in cmd
-            or p.info["name"] in ("raylet", "gcs_server")
-        ):
+        if session in cmd:
             pids.add(p.pid)
     return pids
 

@@ -196,7 +196,9 @@ def test_shim_patches_only_what_is_missing(reward):
 
 def test_shim_announces_itself_and_leaves_global_state_alone():
     code = (
-        "import logging, sys, warnings, transformers\n"
+        "import logging, sys, warnings, transformers, transformers.modeling_utils\n"
+        # what transformers itself loads (it imports accelerate when installed: peft needs it)
+        "before = set(sys.modules)\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "verbosity = transformers.logging.get_verbosity()\n"
         "from maskgrpo_ray.rewards._imagereward_compat import import_imagereward\n"
@@ -205,7 +207,8 @@ def test_shim_announces_itself_and_leaves_global_state_alone():
         # blip.py runs warnings.filterwarnings("ignore"): that catch-all must not outlive import
         "assert ('ignore', None, Warning, None, 0) not in warnings.filters, 'warnings off'\n"
         "assert transformers.logging.get_verbosity() == verbosity, 'verbosity changed'\n"
-        "heavy = [m for m in ('diffusers', 'datasets', 'accelerate', 'clip') if m in sys.modules]\n"
+        "heavy = [m for m in ('diffusers', 'datasets', 'accelerate', 'clip')\n"
+        "         if m in sys.modules and m not in before]\n"
         "assert not heavy, heavy\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
