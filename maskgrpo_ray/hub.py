@@ -70,12 +70,15 @@ class HubField:
         local_prefix: the scheme put before the resolved folder (open_clip's ``local-dir:``).
         allow_patterns / ignore_patterns: the repository files fetched (``snapshot_download``'s
             filters: a repo may hold the same weights in several formats).
+        file: a field that takes a file, not a folder: this file of the snapshot (ImageReward's
+            ``ImageReward.pt``); it must be in the repository.
     """
 
     key: str
     local_prefix: str = ""
     allow_patterns: tuple[str, ...] | None = None
     ignore_patterns: tuple[str, ...] | None = None
+    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,21 @@ def _reward_fields(kind: str) -> Sequence[HubField]:
     return reward_hub_fields(kind)
 
 
+METRIC_FIELDS: dict[str, tuple[HubField, ...]] = {
+    # eval.metrics[] specs whose weights (and processor) may be hub ids
+    "pickscore": (
+        HubField("weights", ignore_patterns=("*.bin", "*.msgpack", "*.h5", "*.onnx*")),
+        HubField("processor", allow_patterns=("*.json", "*.txt")),
+    ),
+    "imagereward": (
+        HubField(
+            "weights", allow_patterns=("ImageReward.pt", "med_config.json"), file="ImageReward.pt"
+        ),
+    ),
+}
+"""Evaluation metrics' hub-able fields, by ``eval.metrics[].kind``."""
+
+
 def _places(cfg: Config) -> list[tuple[str, list[Any], str, HubField]]:
     """``(config key, path in the tree, key in that node, field)`` of every hub-able value."""
     out: list[tuple[str, list[Any], str, HubField]] = []
@@ -264,6 +282,9 @@ def _places(cfg: Config) -> list[tuple[str, list[Any], str, HubField]]:
             parents: list[Any] = ["reward", "components", i, "args", *spec.key.split(".")[:-1]]
             leaf = spec.key.split(".")[-1]
             out.append((f"reward.components[{i}].args.{spec.key}", parents, leaf, spec))
+    for i, metric in enumerate(cfg.eval.metrics):
+        for spec in METRIC_FIELDS.get(metric.kind, ()):
+            out.append((f"eval.metrics[{i}].{spec.key}", ["eval", "metrics", i], spec.key, spec))
     return out
 
 
@@ -316,7 +337,10 @@ def resolve_config(cfg: Config, *, download: bool = True) -> tuple[Config, list[
             "cache hit" if res.cache_hit else "downloaded",
         )  # fmt: skip
         assert isinstance(node, dict)
-        node[leaf] = spec.local_prefix + str(res.folder)
+        local = res.folder / spec.file if spec.file else res.folder
+        if spec.file and not local.is_file():
+            raise _error(key, ref, f"holds no {spec.file} (this field takes that file)")
+        node[leaf] = spec.local_prefix + str(local)
     return (validate_config(tree) if found else cfg), found
 
 

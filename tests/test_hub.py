@@ -118,6 +118,17 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
             "open_clip_model.safetensors": b"stand-in weights",
             "pytorch_model.bin": b"transformers' weights: not fetched (allow_patterns)",
         },
+        "tiny/imagereward": {
+            "ImageReward.pt": b"stand-in checkpoint",
+            "med_config.json": b"{}",
+            "README.md": b"not fetched",
+        },
+        "tiny/bert": {"vocab.txt": b"[PAD]\n", "config.json": b"{}", "model.safetensors": b"no"},
+        "tiny/pickscore": {
+            "config.json": b"{}",
+            "model.safetensors": b"stand-in weights",
+            "pytorch_model.bin": b"not fetched (ignore_patterns)",
+        },
     }
     state = Hub(repos)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
@@ -296,3 +307,45 @@ def test_hub_ids_are_explicit():
     for bad in ("hf://showlab", "hf://a/b/c", "hf://a/b@"):
         with pytest.raises(HubError, match="not a hub id"):
             parse_hub_id(bad)
+
+
+RESOLVE_CONFIG = """
+import json, sys
+from maskgrpo_ray.config import load_config
+from maskgrpo_ray.hub import resolve_config
+cfg = load_config("configs/toy.yaml", sys.argv[1:])
+cfg, found = resolve_config(cfg)
+out = cfg.model_dump(mode="json")
+print(json.dumps({"reward": out["reward"]["components"][1]["args"],
+                  "metric": out["eval"]["metrics"][0], "found": len(found)}))
+"""
+
+
+def test_imagereward_and_pickscore_by_hub_id_resolve_to_their_files(hub, tmp_path):
+    """ImageReward's checkpoint (a file: ``ImageReward.pt`` of the snapshot) and tokenizer as a
+    reward component, PickScore's weights as an evaluation metric: each hub id becomes the
+    local path the component reads; only the files it reads are fetched."""
+    sets = [
+        "reward.components=[{kind: toy_rules, weight: 1.0}, {kind: imagereward, weight: 0.5, "
+        "args: {checkpoint: 'hf://tiny/imagereward', tokenizer: 'hf://tiny/bert'}}]",
+        "eval.metrics=[{kind: pickscore, weights: 'hf://tiny/pickscore'}]",
+    ]
+    env = _env(tmp_path / "hf", hub.url)
+    hub.requests.clear()
+    out = subprocess.run(
+        [sys.executable, "-c", RESOLVE_CONFIG, *sets],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["found"] == 3
+    ckpt = Path(got["reward"]["checkpoint"])
+    assert ckpt.name == "ImageReward.pt" and ckpt.read_bytes() == b"stand-in checkpoint"
+    assert (Path(got["reward"]["tokenizer"]) / "vocab.txt").is_file()
+    weights = Path(got["metric"]["weights"])
+    assert (weights / "model.safetensors").is_file() and not (
+        weights / "pytorch_model.bin"
+    ).exists()
+    fetched = {p for m, p in hub.requests if m == "GET" and "/resolve/" in p}
+    assert not any(p.endswith(("README.md", "pytorch_model.bin")) for p in fetched), fetched
+    assert not any("tiny/bert" in p and p.endswith("model.safetensors") for p in fetched)

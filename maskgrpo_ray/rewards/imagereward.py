@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.hub import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards._imagereward_compat import import_imagereward, installed_spec
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
@@ -214,7 +215,19 @@ def _blip_builders(
         blip_pretrain.init_tokenizer, blip_pretrain.create_vit = saved
 
 
-@register_reward("imagereward", takes_device=True, check_files=check_files)
+@register_reward(
+    "imagereward",
+    takes_device=True,
+    check_files=check_files,
+    hub_fields=(
+        HubField(
+            "checkpoint",
+            allow_patterns=("ImageReward.pt", "med_config.json"),
+            file="ImageReward.pt",
+        ),
+        HubField("tokenizer", allow_patterns=("*.json", "*.txt")),
+    ),
+)
 class ImageRewardReward(ModelReward):
     """ImageReward score of each image with its prompt.
 
