@@ -26,13 +26,13 @@ import torch
 from torch import nn
 
 from maskgrpo_ray.config import ShowoModelConfig
-from maskgrpo_ray.hub import HubField
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.magvit import CoderConfig, MagvitConfig, MAGVITv2, pixels_to_uint8
 from maskgrpo_ray.models.registry import ModelEntry, register_model
 from maskgrpo_ray.models.showo_loading import (
     BUILTIN_TOKENIZERS,
     DEFAULT_MAGVIT,
+    HUB_FIELDS,
     ShowoFolderConfig,
     check_model_files,
     load_magvit,
@@ -444,14 +444,6 @@ def _check(cfg: Config) -> None:
 register_model(
     "showo",
     ModelEntry(
-        build=_build,
-        config_section=ShowoModelConfig,
-        check=_check,
-        check_files=check_model_files,
-        hub_fields=(
-            HubField("showo.showo_path"),
-            HubField("showo.magvit_path"),
-            HubField("showo.tokenizer_path", allow_patterns=("*.json", "*.txt", "*.model")),
-        ),
+        _build, ShowoModelConfig, _check, check_files=check_model_files, hub_fields=HUB_FIELDS
     ),
 )

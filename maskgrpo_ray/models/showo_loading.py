@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.hub import HubField
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2, lfq_codebook
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import ShowoVocab
@@ -33,6 +34,11 @@ WEIGHT_FILES = ("pytorch_model.safetensors", "model.safetensors", "pytorch_model
 SHARD_INDEXES = ("pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 EXPORT_WEIGHTS = "pytorch_model.safetensors"
 _LIST_AT_MOST = 20
+HUB_FIELDS = (  # the fields that take a hub id (maskgrpo_ray.hub), the tokenizer's files only
+    HubField("showo.showo_path"),
+    HubField("showo.magvit_path"),
+    HubField("showo.tokenizer_path", allow_patterns=("*.json", "*.txt", "*.model")),
+)
 
 
 class ModelFilesMissing(UserError, FileNotFoundError):
