@@ -24,11 +24,42 @@ def on_driver_node() -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
 
 
+def user_error_of(err: BaseException) -> BaseException | None:
+    """The :class:`~maskgrpo_ray.errors.UserError` an actor's call raised (``ray.get``'s
+    ``RayTaskError`` keeps it as ``cause``), so that the command ends in its one line; None for
+    anything else. An actor whose constructor finds a user's mistake (a config field only a
+    built model can check, such as ``model.lora.target_modules``) keeps it and raises it from
+    ``ready``: a constructor's own exception reaches the driver only as text."""
+    from maskgrpo_ray.errors import UserError
+
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, UserError) else None
+
+
+def wait_ready(handles: list[Any], timeout_s: float) -> None:
+    """Wait until every actor is constructed; a user's mistake one found ends here as that
+    ``UserError`` (one line, exit 2), anything else as Ray raised it."""
+    import ray
+
+    try:
+        ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
+    except ray.exceptions.RayTaskError as err:
+        mistake = user_error_of(err)
+        if mistake is None:
+            raise
+        raise mistake from None
+
+
 class ActorProcess:
     """A ping and the process id, for any Ray actor of a run."""
 
+    init_error: Exception | None = None  # a user's mistake found while constructing
+
     def ready(self) -> bool:
-        """True once the actor is constructed (what starting an actor waits on)."""
+        """True once the actor is constructed (what starting an actor waits on); raises the
+        user's mistake its constructor found (see :func:`user_error_of`)."""
+        if self.init_error is not None:
+            raise self.init_error
         return True
 
     def pid(self) -> int:

@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from maskgrpo_ray.actors.base import wait_ready
 from maskgrpo_ray.settings import ActorResources, RunSettings
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class ActorPool:
         self.wait_ready(self.members)
 
     def wait_ready(self, members: list[Member]) -> None:
-        ray.get([m.handle.ready.remote() for m in members], timeout=self.timeout_s)
+        wait_ready([m.handle for m in members], self.timeout_s)
 
     def drop(self, member: Member, kill: bool) -> None:
         """Remove ``member`` (dead, or ``kill`` it) and release its placement group."""

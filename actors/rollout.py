@@ -18,6 +18,7 @@ from maskgrpo_ray.actors.base import PoolActor
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import RolloutMeta
+from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.phases import generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
@@ -52,7 +53,11 @@ class RolloutActor(PoolActor):
         super().__init__(actor_id)
         self.rollout, self.evaluation, self.reward_settings = rollout, evaluation, reward
         self.device = resolve_device(num_gpus)
-        self.policy = build_policy(model, self.device).eval()
+        try:
+            self.policy = build_policy(model, self.device).eval()
+        except UserError as err:  # raised from ready(): one line in the driver
+            self.init_error = err
+            return
         self.version = 0
         self.chunks = 0
         self._eval_reward: Any = None

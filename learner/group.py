@@ -17,6 +17,7 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from maskgrpo_ray.actors.base import wait_ready
 from maskgrpo_ray.actors.pool import wait_placement
 from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
@@ -87,6 +88,7 @@ class LearnerGroup:
             ).remote(settings.model, settings.update, lc, i, self.world_size)
             for i in range(self.world_size)
         ]
+        wait_ready(self.workers, timeout_s)  # a user's mistake a rank found: its one line
         addr, port = ray.get(self.workers[0].address.remote(), timeout=timeout_s)
         counts = ray.get(
             [w.setup.remote(addr, port, initial) for w in self.workers], timeout=timeout_s

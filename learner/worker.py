@@ -35,6 +35,7 @@ from maskgrpo_ray.actors.base import ActorProcess
 from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
+from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.learner_core import (
     UpdatePlan,
     apply_activation_checkpointing,
@@ -194,7 +195,11 @@ class LearnerWorker(ActorProcess):
         threads = auto_threads(learner, world_size, os.cpu_count() or 1, self.device.type)
         if threads > 0:
             torch.set_num_threads(threads)
-        self.policy = build_policy(model, self.device)
+        try:
+            self.policy = build_policy(model, self.device)
+        except UserError as err:  # raised from ready(): one line in the driver
+            self.init_error = err
+            return
         apply_activation_checkpointing(self.policy, learner.activation_checkpointing, model.kind)
         self.ref_policy = reference_policy(update, self.policy)
         self.engine: Any = None

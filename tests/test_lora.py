@@ -379,3 +379,22 @@ def test_lora_on_the_real_model_kinds(kind, tmp_path):
         sum(p.numel() for p in policy.parameters() if p.requires_grad),
         "trained parameters",
     )
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(600)
+def test_a_bad_target_on_the_ray_backend_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Only a built model knows its layer names: the actors find the mistake, keep it, and
+    raise it from ``ready``; the driver ends in its one line (exit 2), not Ray's traceback."""
+    from maskgrpo_ray.cli import main
+
+    monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = ["train", "--backend", "ray", "--run-dir", str(tmp_path / "run")]
+    for s in [*RAY_SMALL[:-2], "model.lora={target_modules: [attn]}"]:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("maskgrpo: ")]
+    assert len(err) == 1 and "model.lora.target_modules=['attn']" in err[0], err
+    assert "qkv" in err[0] and "Traceback" not in err[0]
