@@ -28,19 +28,9 @@ from typing import Any, Protocol
 
 from maskgrpo_ray.data_plane import Traffic
 from maskgrpo_ray.executor import GroupWork, PhaseTimer
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.types import Chunk, ScoredBatch  # Chunk: the message, importable from here too
 
 GROUP_STATS = ("groups_generated", "groups_dropped", "groups_invalid", "groups_exhausted")
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A unit of rollout work: prompts (with their stream positions) and the chunk's seed."""
-
-    index: int
-    prompts: list[str]
-    positions: list[int]
-    seed: int
 
 
 def chunk_seed(run_seed: int, step: int, attempt: int, index: int) -> int:

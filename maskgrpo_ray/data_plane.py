@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.types import RolloutBatch, TrainBatch, shard_bounds, tensor_nbytes
+from maskgrpo_ray.types import RolloutBatch, RolloutView, TrainBatch, shard_bounds, tensor_nbytes
 
 REF_BYTES = 100
 """Bytes a pickled object reference takes on the wire (its 28-byte id and its owner's address;
@@ -156,10 +156,16 @@ def concat_rollouts(parts: list[Any]) -> Any:
     raise TypeError("cannot concatenate in-process rollouts with object-store ones")
 
 
-def rollout_nbytes(rollout: RolloutBatch | RolloutRefs) -> tuple[int, int]:
+def _refs(rollout: RolloutView) -> RolloutRefs:
+    if not isinstance(rollout, RolloutRefs):
+        raise TypeError(f"a rollout is a RolloutBatch or a RolloutRefs, not {type(rollout)}")
+    return rollout
+
+
+def rollout_nbytes(rollout: RolloutBatch | RolloutView) -> tuple[int, int]:
     """(tensor bytes without images, image bytes) of a rollout, fetched or not."""
-    if isinstance(rollout, RolloutRefs):
-        return rollout.nbytes()
+    if not isinstance(rollout, RolloutBatch):
+        return _refs(rollout).nbytes()
     images = rollout.images.numel() * rollout.images.element_size()
     return tensor_nbytes(rollout) - images, images
 
@@ -182,14 +188,14 @@ def assemble(
     return RolloutBatch.concat(parts)
 
 
-def fetch_rollout(rollout: RolloutBatch | RolloutRefs, images: bool = True) -> RolloutBatch:
+def fetch_rollout(rollout: RolloutBatch | RolloutView, images: bool = True) -> RolloutBatch:
     """The tensors of a rollout (from the object store when it is there), in its order;
     without ``images`` they are ``[N, 0, 0, 3]``. A ``RolloutBatch`` is returned as it is."""
     if isinstance(rollout, RolloutBatch):
         return rollout
     import ray
 
-    pieces = rollout.pieces
+    pieces = _refs(rollout).pieces
     batches = ray.get([p.ref for p in pieces])
     imgs = ray.get([p.images for p in pieces]) if images else None
     return assemble(batches, [p.groups for p in pieces], imgs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,7 +26,8 @@ from maskgrpo_ray.diversity import group_diversity, reward_embedding
 from maskgrpo_ray.learner_loss import unit_log_probs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
-from maskgrpo_ray.types import (
+from maskgrpo_ray.types import (  # FilterResult: the message, importable from here too
+    FilterResult,
     RewardResult,
     RolloutBatch,
     ScoredBatch,
@@ -278,13 +279,6 @@ def accuracy_fn(reward: Any) -> Any:
         if hasattr(part, "accuracy"):
             return part.accuracy
     return None
-
-
-@dataclass(frozen=True)
-class FilterResult:
-    keep: torch.Tensor  # [B] bool, groups to train on
-    invalid: torch.Tensor  # [B] bool, groups with a NaN/inf reward (skipped, not resampled)
-    stds: torch.Tensor  # [B] group reward std
 
 
 def filter_groups(scored: ScoredBatch, filt: StdHistoryFilter | None) -> FilterResult:

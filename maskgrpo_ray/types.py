@@ -1,19 +1,65 @@
-"""Typed messages between the phases (and the Ray actors): rollout -> scored -> train.
+"""Typed messages between the phases (and the Ray actors): chunk -> rollout -> scored ->
+filtered -> train.
 
 Shapes use the project vocabulary: ``B`` prompts, ``G`` samples per prompt, ``N = B*G``,
 ``L`` image tokens, ``S`` unmasking steps, ``P`` condition tokens, ``H x W`` pixels.
 Groups are contiguous: sample ``n`` belongs to prompt ``n // G``.
+
+This is the ground floor: it imports torch only. A rollout that stays in Ray's object store
+(``data_plane.RolloutRefs``) travels in a :class:`ScoredBatch` as a :class:`RolloutView`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from maskgrpo_ray.data_plane import RolloutRefs
+
+@dataclass(frozen=True)
+class Chunk:
+    """A unit of rollout work: prompts (with their stream positions) and the chunk's seed."""
+
+    index: int
+    prompts: list[str]  # [b], b <= B
+    positions: list[int]  # [b] positions in the prompt stream
+    seed: int
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """The filter's decision on ``B`` groups."""
+
+    keep: torch.Tensor  # [B] bool, groups to train on
+    invalid: torch.Tensor  # [B] bool, groups with a NaN/inf reward (skipped, not resampled)
+    stds: torch.Tensor  # [B] group reward std
+
+
+class RolloutView(Protocol):
+    """What a :class:`ScoredBatch` and the driver read of a rollout they may not hold: the
+    parts of :class:`RolloutBatch` that ``data_plane.RolloutRefs`` (the rollout left in the
+    object store) mirrors."""
+
+    @property
+    def prompts(self) -> list[str]: ...  # [B]
+
+    @property
+    def prompt_indices(self) -> list[int]: ...  # [B]
+
+    @property
+    def group_size(self) -> int: ...  # G
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def group_slice(self, keep: torch.Tensor) -> Any: ...
+
+    @staticmethod
+    def concat(batches: list[Any]) -> Any: ...
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -208,10 +254,11 @@ class ScoredBatch:
     """A rollout with its rewards; NaN rewards mark failed scores (their groups are skipped).
 
     ``rollout`` is the rollout itself (one process) or, on Ray, a
-    :class:`~maskgrpo_ray.data_plane.RolloutRefs`: the driver's view of a rollout that stays in
-    the object store (``data_plane.fetch_rollout`` brings its tensors when needed)."""
+    :class:`~maskgrpo_ray.data_plane.RolloutRefs` (a :class:`RolloutView`): the driver's view
+    of a rollout that stays in the object store (``data_plane.fetch_rollout`` brings its
+    tensors when needed)."""
 
-    rollout: RolloutBatch | RolloutRefs
+    rollout: RolloutBatch | RolloutView
     rewards: torch.Tensor  # [N] float32 (weighted total)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
@@ -221,7 +268,7 @@ class ScoredBatch:
     diversity: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod
-    def join(rollout: RolloutBatch | RolloutRefs, result: RewardResult) -> ScoredBatch:
+    def join(rollout: RolloutBatch | RolloutView, result: RewardResult) -> ScoredBatch:
         """A rollout and its reward actor's result, checked against each other."""
         return ScoredBatch(
             rollout,
