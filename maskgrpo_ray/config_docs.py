@@ -36,7 +36,7 @@ from maskgrpo_ray.config import (
     ToyModelConfig,
     TrainConfig,
 )
-from maskgrpo_ray.evaluation.metric_spec import MetricSpec
+from maskgrpo_ray.config_metrics import MetricSpec
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),

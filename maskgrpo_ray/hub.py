@@ -14,14 +14,17 @@ before any actor starts and hands back a config whose hub ids are local snapshot
 actors never touch the hub. ``huggingface_hub`` reads ``HF_HOME``, ``HF_HUB_CACHE``,
 ``HF_HUB_OFFLINE``, ``HF_TOKEN`` and ``HF_ENDPOINT`` itself: nothing here sets or overrides them.
 
-No torch, no ray: ``maskgrpo validate`` imports this module.
+This is the driver-side resolution. What a hub-able field *is* (:class:`HubField`, the id's
+grammar) lives low in the house, in :mod:`maskgrpo_ray.hub_field`, where the model and reward
+modules that declare their fields import it; this module reads those declarations (through the
+registries, at call time) and is imported by the commands only. No torch, no ray: ``maskgrpo
+validate`` imports this module.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,55 +33,26 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm as _base_tqdm
 
-from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.hub_field import SCHEME, HubError, HubField, HubRef, parse_hub_id
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import Config
 
+__all__ = [  # the hub-id grammar is importable from here too (its home: hub_field)
+    "SCHEME",
+    "HubError",
+    "HubField",
+    "HubRef",
+    "Resolved",
+    "parse_hub_id",
+    "pending_fields",
+    "resolve_config",
+    "resolve_ref",
+]
+
 log = logging.getLogger(__name__)
 
-SCHEME = "hf://"
-_HUB_ID = re.compile(
-    r"^hf://(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)(?:@(?P<rev>[^\s@]+))?$"
-)
 _TRUE = {"1", "true", "yes", "on"}
-
-
-class HubError(UserError):
-    """A hub id that cannot be resolved: unreachable, offline and not cached, no such repo or
-    revision. One line: the field, the id, the revision, the offline mode and the fix."""
-
-
-@dataclass(frozen=True)
-class HubRef:
-    """A hub repository at a revision (None: the default branch, ``main``)."""
-
-    repo_id: str
-    revision: str | None = None
-
-    def __str__(self) -> str:
-        return SCHEME + self.repo_id + (f"@{self.revision}" if self.revision else "")
-
-
-@dataclass(frozen=True)
-class HubField:
-    """A config value that may be a hub id.
-
-    Attributes:
-        key: dotted place in the config section that declares it (``showo.showo_path`` in
-            ``model``, ``model_name`` in a reward component's ``args``).
-        local_prefix: the scheme put before the resolved folder (open_clip's ``local-dir:``).
-        allow_patterns / ignore_patterns: the repository files fetched (``snapshot_download``'s
-            filters: a repo may hold the same weights in several formats).
-        file: a field that takes a file, not a folder: this file of the snapshot (ImageReward's
-            ``ImageReward.pt``); it must be in the repository.
-    """
-
-    key: str
-    local_prefix: str = ""
-    allow_patterns: tuple[str, ...] | None = None
-    ignore_patterns: tuple[str, ...] | None = None
-    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,24 +65,6 @@ class Resolved:
     commit: str | None
     folder: Path | None
     cache_hit: bool
-
-
-def parse_hub_id(value: Any) -> HubRef | None:
-    """The hub id ``value`` spells (``hf://org/name[@revision]``), or None (any other value:
-    a local path, a bare name).
-
-    Raises:
-        HubError: an ``hf://`` value that is not ``hf://org/name[@revision]``.
-    """
-    if not isinstance(value, str) or not value.startswith(SCHEME):
-        return None
-    m = _HUB_ID.match(value)
-    if m is None:
-        raise HubError(
-            f"{value!r} is not a hub id: write hf://org/name or hf://org/name@revision "
-            "(a branch, a tag or a commit), or a local folder path"
-        )
-    return HubRef(m["repo"], m["rev"])
 
 
 def hub_offline() -> bool:

@@ -11,9 +11,13 @@ rule reward (``maskgrpo_ray.rewards.rules``) applies to decoded pixels.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from maskgrpo_ray.geneval_schema import Obj, evaluate_objects
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -160,3 +164,38 @@ def pixels_to_cells(images: torch.Tensor, grid: int) -> torch.Tensor:
     palette = torch.tensor(PALETTE, dtype=torch.float32)
     d = ((x[..., None, :] - palette) ** 2).sum(-1)  # [N, g, g, V]
     return d.argmin(-1)
+
+
+# ----------------------------------------------------------------------------- GenEval's rule
+# on toy images: detection is exact, each non-black cell is one "dot" with its palette colour
+# and position. The toy's own ``region`` key (all of the include's dots in a canvas half) adds
+# its captions' "on the left"; with the exclude that ``Caption.geneval_metadata`` writes, the
+# rule equals the toy reward's correctness (a test checks it).
+
+
+def toy_objects(cells: torch.Tensor) -> dict[str, list[Obj]]:
+    """The dots of one toy image ``long [g, g]`` (palette cells) as detected objects."""
+    g = cells.shape[0]
+    regions = {p: region_mask(p, g) for p in POSITIONS}
+    dots = []
+    for r, c in (cells != 0).nonzero().tolist():
+        dots.append(
+            {
+                "color": COLOUR_NAMES[int(cells[r, c]) - 1],
+                "xy": (c + 0.5, r + 0.5),
+                "region": {p for p, m in regions.items() if m[r, c]},
+            }
+        )
+    return {"dot": dots}
+
+
+def score_toy(
+    images: torch.Tensor, metas: Sequence[Mapping[str, Any]], grid: int
+) -> dict[str, torch.Tensor]:
+    """``geneval`` ``[N]`` (0/1): GenEval's rule on toy images ``uint8 [N, H, W, 3]``, one
+    metadata object per image."""
+    if images.shape[0] != len(metas):
+        raise ValueError(f"{images.shape[0]} images but {len(metas)} metadata lines")
+    cells = pixels_to_cells(images.cpu(), grid)
+    correct = [float(evaluate_objects(toy_objects(c), m)) for c, m in zip(cells, metas)]
+    return {"geneval": torch.tensor(correct, dtype=torch.float32)}

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from maskgrpo_ray.hub import HubField
+from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.models.amused_loading import (
     AmusedParts,
     check_amused_folder,

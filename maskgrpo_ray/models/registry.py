@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from maskgrpo_ray.config import Config, ModelConfig
-    from maskgrpo_ray.hub import HubField
+    from maskgrpo_ray.hub_field import HubField
     from maskgrpo_ray.models.base import MaskedImagePolicy
 
 

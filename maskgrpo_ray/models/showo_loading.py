@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.hub import HubField
+from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2, lfq_codebook
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import ShowoVocab

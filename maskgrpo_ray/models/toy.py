@@ -27,7 +27,6 @@ from torch import nn
 
 from maskgrpo_ray import toyworld
 from maskgrpo_ray.config import ToyModelConfig
-from maskgrpo_ray.evaluation.geneval import score_toy
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.registry import (
     GenEvalScorer,
@@ -257,7 +256,7 @@ def _reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, int]:
 
 def _geneval_rule(model: ModelConfig) -> GenEvalScorer:
     grid = model.toy.grid  # GenEval's rule on the decoded palette cells: exact detection
-    return lambda images, metas: score_toy(images, metas, grid)
+    return lambda images, metas: toyworld.score_toy(images, metas, grid)
 
 
 def toy_prompts(split: str) -> list[str]:

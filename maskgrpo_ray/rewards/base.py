@@ -22,7 +22,7 @@ import torch
 from maskgrpo_ray.errors import UserError, one_line
 
 if TYPE_CHECKING:
-    from maskgrpo_ray.hub import HubField
+    from maskgrpo_ray.hub_field import HubField
 
 __all__ = [
     "CompositeReward",

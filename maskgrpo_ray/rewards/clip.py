@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.hub import HubField
+from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import TENSOR_RESIZE_MODES, ImagePreprocess, pixels_from_uint8

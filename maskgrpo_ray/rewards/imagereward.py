@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.hub import HubField
+from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards._imagereward_compat import import_imagereward, installed_spec
 from maskgrpo_ray.rewards.base import ModelReward, register_reward

@@ -91,7 +91,7 @@ def build_toy_rules(grid: int = 4, name: str = "toy_rules") -> ToyRuleReward:
 
 
 class ToyGenEvalReward:
-    """GenEval's rule (``evaluation.geneval``) on the toy world's pixels, from each prompt's
+    """GenEval's rule (``toyworld.score_toy``) on the toy world's pixels, from each prompt's
     metadata rather than its text: ``reward(images, prompts, metas) -> float [N]`` in {0, 1}.
 
     Reads the prompt files' metadata (``uses_prompt_metadata``: the scorer passes each image's
@@ -111,8 +111,6 @@ class ToyGenEvalReward:
         prompts: Sequence[str],
         metas: Sequence[dict | None] | None = None,
     ) -> torch.Tensor:
-        from maskgrpo_ray.evaluation.geneval import score_toy
-
         metas = list(metas) if metas is not None else [None] * len(prompts)
         for prompt, meta in zip(prompts, metas, strict=True):
             if not meta or "include" not in meta:
@@ -121,7 +119,7 @@ class ToyGenEvalReward:
                     "prompts file with tag/include per line (maskgrpo prompts make --kind toy)"
                 )
         full = [{**m, "prompt": p} for p, m in zip(prompts, metas, strict=True) if m]
-        return score_toy(images, full, self.grid)["geneval"]
+        return toyworld.score_toy(images, full, self.grid)["geneval"]
 
     def accuracy(
         self,
