@@ -3,7 +3,9 @@
 Spawns members with their resources (a GPU member gets a placement group of its own, so its
 GPU and CPUs are reserved together), hands out their handles, drops a dead member, replaces one
 with a fresh actor, and scales to a requested size. The pool knows nothing of what its actors
-do: the executor passes a ``make(actor_id, options)`` that starts one.
+do: its owner passes a ``make(actor_id, options)`` that starts one. ``members`` is replaced on
+every change, never changed in place, so a reference to it is a snapshot: what a thread that
+does not own the pool may read (``maskgrpo_ray.ray_fleet``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ class ActorPool:
 
     def spawn(self) -> Member:
         """Start one member (not yet waited for) and add it to the pool."""
+        member = self.create()
+        self.add(member)
+        return member
+
+    def create(self) -> Member:
+        """Start one member (not yet waited for) without adding it: its owner sets it up
+        (weights, metadata) and then :meth:`add`s it, so no reader of ``members`` sees it
+        half set up."""
         res = self.resources
         opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
         if res.custom:
@@ -104,9 +114,11 @@ class ActorPool:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
         member = Member(self.make(self._next_id, opts), self._next_id, pg)
         self._next_id += 1
-        self.members.append(member)
-        self.on_size(len(self.members))
         return member
+
+    def add(self, member: Member) -> None:
+        self.members = [*self.members, member]  # replaced, never changed in place: a snapshot
+        self.on_size(len(self.members))
 
     def start(self, n: int) -> None:
         """Spawn ``n`` members and wait until every member is ready."""
@@ -125,14 +137,6 @@ class ActorPool:
         if member.pg is not None:
             remove_placement_group(member.pg)
         self.on_size(len(self.members))
-
-    def replace(self, member: Member) -> Member:
-        """Drop a dead ``member`` and start a fresh one in its place (ready when returned)."""
-        log.warning("%s actor %d is gone; starting a replacement", self.name, member.actor_id)
-        self.drop(member, kill=False)
-        fresh = self.spawn()
-        self.wait_ready([fresh])
-        return fresh
 
     def grow(self) -> Member:
         """One more member, ready when returned."""

@@ -241,7 +241,7 @@ def section_live(args: argparse.Namespace, ex: Any) -> list[Row]:
 
     cfg = make_cfg(args, "forward", 4, 8, "rollout.max_policy_lag=1")
     g, ts = cfg.rollout.samples_per_prompt, ts_of(args, "forward")
-    ex.scale_rollout(4)
+    ex.fleet.scale_rollout(4)
     at = args.warmup + args.steps  # the step after which the scale request is made
 
     def scale(step: int) -> None:
@@ -277,7 +277,7 @@ def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
         b = args.scaling_prompts * n
         cfg = make_cfg(args, "forward", n, 8, f"train.prompts_per_step={b}")
         profile, work = sim_settings(cfg.model).cost_profile(), workload_of(cfg)
-        ex.scale_rollout(n)
+        ex.fleet.scale_rollout(n)
         stream = PromptStream(load_prompts("toy", "train"), 0, True)
         source = GroupSource(
             ex,
@@ -319,7 +319,7 @@ def resize_learner(ex: Any, num_workers: int) -> None:
     learner = replace(ex.settings.learner, num_workers=num_workers)
     ex.settings = replace(ex.settings, learner=learner)
     ex.learner = LearnerGroup(ex.settings, ex.timeout_s)
-    ex.sync.attach(ex.learner, ex.rollouts.handles())
+    ex.fleet.attach(ex.learner)
     ex.policy_version = ex.learner.version
     ex.sync_weights()
 
@@ -335,7 +335,7 @@ def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
         cfg = make_cfg(args, "trajectory", nr, n - nr, "rollout.max_policy_lag=1")
         ideal = ideal_of(cfg, nr, n - nr)
         say(f"split {nr}+{n - nr}")
-        ex.scale_rollout(nr)
+        ex.fleet.scale_rollout(nr)
         resize_learner(ex, n - nr)
         rec = train_steps(cfg, ex, args.warmup + args.steps + 1)
         got = rec.images_per_s(args.warmup - 1, last_measured(rec), cfg.rollout.samples_per_prompt)

@@ -151,12 +151,14 @@ def plan_faults(seed: int, steps: int, n: int, restore: bool = True) -> list[Fau
 
 def _pid(ex: Any, f: Fault) -> int:
     if f.kind == "learner":
-        return ex.learner_pids()[f.rank]
+        return ex.learner.pids()[f.rank]
     if f.kind == "rollout":
-        return fault_drill._pid(ex.rollout_handle(ex.rollout_actor_ids()[0]).pid.remote())
+        return fault_drill._pid(
+            ex.fleet.rollout_handle(ex.fleet.rollout_actor_ids()[0]).pid.remote()
+        )
     if f.kind == "reward":
-        return fault_drill._pid(ex.rewards.members[0].handle.pid.remote())
-    return fault_drill._pid(ex.filter_actor.pid.remote())
+        return fault_drill._pid(ex.fleet.rewards.members[0].handle.pid.remote())
+    return fault_drill._pid(ex.filters.actor.pid.remote())
 
 
 class Chaos:
@@ -235,10 +237,10 @@ class Chaos:
             chaos.rows.append({**row, "segment": chaos.segment, "t": time.monotonic()})
             return row
 
-        def recover_learner(self_, lost, attempt):  # noqa: ANN001, ANN202
+        def recover_learner(self_, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
             chaos.recovering = True
             try:
-                return real_recover(self_, lost, attempt)
+                return real_recover(self_, *args, **kw)
             finally:
                 chaos.recovering = False
 

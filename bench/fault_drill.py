@@ -73,13 +73,13 @@ def _pid(ref: Any) -> int:
 def inject(fault: str, ex: Any) -> None:
     """Deliver ``fault`` to the running executor ``ex`` (or to this driver process)."""
     if fault == "rollout":
-        pid = _pid(ex.rollout_handle(ex.rollout_actor_ids()[0]).pid.remote())
+        pid = _pid(ex.fleet.rollout_handle(ex.fleet.rollout_actor_ids()[0]).pid.remote())
     elif fault == "reward":
-        pid = _pid(ex.rewards.members[0].handle.pid.remote())
+        pid = _pid(ex.fleet.rewards.members[0].handle.pid.remote())
     elif fault == "filter":
-        pid = _pid(ex.filter_actor.pid.remote())
+        pid = _pid(ex.filters.actor.pid.remote())
     elif fault == "learner":
-        pid = ex.learner_pids()[1]
+        pid = ex.learner.pids()[1]
     elif fault == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
         return

@@ -4,11 +4,15 @@ The prompts of a call are cut into chunks; an idle rollout actor takes the next 
 finished rollout goes straight on to the least busy reward actor (the object store carries it;
 the driver holds references and fetches only a small meta and the rewards:
 ``maskgrpo_ray.data_plane``). A rollout actor that dies mid-chunk, or whose call outlives its
-deadline (hung: it is killed), is healed: the ``heal`` callback replaces it (a fresh actor with
-the current weights, within the run's restart budget) or, past the budget, it is only dropped.
-Its chunk is re-issued with the same seed, so the same samples come back: no group is lost and
-none counted twice (a killed actor's late result can never arrive). A lost reward actor is
-healed the same way and its chunk re-scored.
+deadline (hung: it is killed), is healed: the ``heal`` callback (``RolloutFleet.heal``) counts
+the loss, replaces the actor (a fresh one with its siblings' weights, within the run's restart
+budget) or, past the budget, only drops it. Its chunk is re-issued with the same seed, so the
+same samples come back: no group is lost and none counted twice (a killed actor's late result
+can never arrive). A lost reward actor is healed the same way and its chunk re-scored.
+
+A heal may be asked for an actor that is already gone (another of its calls was lost first,
+or another thread healed it): it then answers what took its place, so the callers here ask on
+every lost call and never decide themselves whether an actor is still a member.
 """
 
 from __future__ import annotations
@@ -23,10 +27,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
-from maskgrpo_ray.collect import Chunk
 from maskgrpo_ray.data_plane import REF_BYTES, RolloutMeta, RolloutRefs, Traffic, wire_bytes
 from maskgrpo_ray.ray_metrics import RayMetrics
-from maskgrpo_ray.types import RewardResult, ScoredBatch
+from maskgrpo_ray.types import Chunk, RewardResult, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -35,27 +38,29 @@ Refs = tuple[Any, Any]
 """A rollout in the object store: (the rollout without images, its images)."""
 
 Heal = Callable[[Member, str], "Member | None"]
-"""``(lost member, why: "died" | "hung") -> a ready replacement, or None (dropped only)``."""
+"""``(lost member, why: "died" | "hung") -> what took its place (ready), or None``; asked on
+every lost call, so it must answer for a member it already healed."""
 
 
 def drop_only(pool: ActorPool) -> Heal:
     """The healing of a pool without a restart budget: drop the lost member (kill a hung one)."""
 
     def heal(member: Member, why: str) -> Member | None:
-        pool.drop(member, kill=why == "hung")
+        if any(m is member for m in pool.members):
+            pool.drop(member, kill=why == "hung")
         return None
 
     return heal
 
 
 class ChunkScheduler:
-    """Runs chunks through ``rollouts`` then ``rewards``; heals lost actors; counts it all.
+    """Runs chunks through ``rollouts`` then ``rewards``; heals lost actors; counts chunks.
 
     Args:
-        rollouts, rewards: the pools.
+        rollouts, rewards: the pools (read as snapshots: their owner changes them).
         metrics: the process's Ray metrics.
         timeout_s: a call's deadline where the role has none of its own.
-        heal_rollout, heal_reward: replace a lost member (default: drop it).
+        heal_rollout, heal_reward: replace a lost member and count the loss (:data:`Heal`).
         rollout_call_s, reward_call_s: a call running longer is hung (0: ``timeout_s``).
     """
 
@@ -66,8 +71,8 @@ class ChunkScheduler:
         metrics: RayMetrics,
         timeout_s: float,
         *,
-        heal_rollout: Heal | None = None,
-        heal_reward: Heal | None = None,
+        heal_rollout: Heal,
+        heal_reward: Heal,
         rollout_call_s: float = 0.0,
         reward_call_s: float = 0.0,
     ) -> None:
@@ -77,8 +82,7 @@ class ChunkScheduler:
             metrics,
             timeout_s,
         )
-        self.heal_rollout = heal_rollout or drop_only(rollouts)
-        self.heal_reward = heal_reward or drop_only(rewards)
+        self.heal_rollout, self.heal_reward = heal_rollout, heal_reward
         self.rollout_call_s = rollout_call_s or timeout_s
         self.reward_call_s = reward_call_s or timeout_s
         self.counters = {
@@ -115,19 +119,16 @@ class ChunkScheduler:
         self._gauge(0, 0, 0)
         return run.done
 
-    def count_lost(self, role: str, member: Member, ch: Chunk, why: str) -> None:
-        """Log and count a lost actor (the chunk goes elsewhere)."""
+    def lost_call(self, role: str, member: Member, ch: Chunk, why: str) -> None:
+        """Log a lost call (the healer counts the actor's loss; the chunk goes elsewhere)."""
         log.warning(
-            "%s actor %d %s (%s); chunk %d (prompts %s) goes to another actor",
+            "%s actor %d %s; chunk %d (prompts %s) goes to another actor",
             role,
             member.actor_id,
-            "died" if why == "died" else "is hung: its call outlived its deadline; killing it",
-            why,
+            "died" if why == "died" else "is hung: its call outlived its deadline",
             ch.index,
             ch.positions,
         )
-        self.counters[f"{role}_actors_lost"] += 1
-        self.metrics.count("maskgrpo_actors_lost_total", tags={"role": role, "why": why})
 
 
 def map_over_pool(
@@ -136,13 +137,12 @@ def map_over_pool(
     call: Callable[[Any, Any], Any],
     timeout_s: float,
     heal: Heal | None = None,
-    on_lost: Callable[[Member, str], None] | None = None,
 ) -> list[Any]:
     """``call(handle, item)`` for every item, one call in flight per actor of ``pool``; the
     results in item order. An actor that dies, or whose call outlives ``timeout_s`` (it is
-    killed), is healed (``heal``: default drop it) and reported to ``on_lost``; its item is
-    re-issued to another actor. Items must be pure (same result on any actor): evaluation
-    units are (``evaluation.generation``)."""
+    killed), is healed (``heal``: default drop it); its item is re-issued to another actor.
+    Items must be pure (same result on any actor): evaluation units are
+    (``evaluation.generation``)."""
     heal = heal or drop_only(pool)
     pending = deque(range(len(items)))
     idle: deque[Member] = deque(pool.members)
@@ -151,14 +151,13 @@ def map_over_pool(
 
     def lost(i: int, member: Member, why: str) -> None:
         pending.appendleft(i)
-        if any(m is member for m in pool.members):
-            if on_lost is not None:
-                on_lost(member, why)
-            fresh = heal(member, why)
-            if fresh is not None:
-                idle.append(fresh)
+        fresh = heal(member, why)
+        if fresh is not None and all(m is not fresh for m in idle):
+            idle.append(fresh)
 
     while pending or inflight:
+        if pending and not idle and not inflight:  # this call's actors are gone: the pool now
+            idle.extend(pool.members)
         while pending and idle:
             member, i = idle.popleft(), pending.popleft()
             inflight[call(member.handle, items[i])] = (i, member, time.monotonic() + timeout_s)
@@ -203,8 +202,11 @@ class _ChunkRun:
         return bool(self.pending or self.gen or self.rew)
 
     def issue(self) -> None:
-        """Give the waiting chunks to idle rollout actors."""
+        """Give the waiting chunks to idle rollout actors. With none idle and none busy (this
+        run's were lost, or scaled away), the pool's members now take them."""
         s = self.s
+        if self.pending and not self.idle and not self.gen:
+            self.idle.extend(s.rollouts.members)
         while self.pending and self.idle:
             ro, ch = self.idle.popleft(), self.pending.popleft()
             meta_ref, ref, images = ro.handle.generate_split.remote(
@@ -239,25 +241,23 @@ class _ChunkRun:
         s = self.s
         s.counters["chunks_reissued"] += 1
         s.metrics.count("maskgrpo_chunks_reissued_total")
-        if any(m is ro for m in s.rollouts.members):  # one call in flight per actor
-            s.count_lost("rollout", ro, ch, why)
-            fresh = s.heal_rollout(ro, why)
-            if fresh is not None:
-                self.idle.append(fresh)
+        s.lost_call("rollout", ro, ch, why)
+        fresh = s.heal_rollout(ro, why)  # or what already took its place
+        if fresh is not None and all(m is not fresh for m in self.idle):
+            self.idle.append(fresh)
         self.pending.appendleft(ch)
 
     def reward_lost(
         self, ch: Chunk, rollout_ref: Refs, ra: Member, meta: RolloutMeta, why: str
     ) -> None:
-        """Re-score ``ch`` after healing its reward actor (once, on the first lost call)."""
+        """Re-score ``ch`` after healing its reward actor (its other calls are lost too)."""
         s = self.s
         s.counters["chunks_rescored"] += 1
-        if any(m is ra for m in s.rewards.members):  # its other calls are lost too
-            self.load.pop(ra.actor_id, None)
-            s.count_lost("reward", ra, ch, why)
-            fresh = s.heal_reward(ra, why)
-            if fresh is not None:
-                self.load[fresh.actor_id] = 0
+        self.load.pop(ra.actor_id, None)
+        s.lost_call("reward", ra, ch, why)
+        fresh = s.heal_reward(ra, why)  # or what already took its place
+        if fresh is not None:
+            self.load.setdefault(fresh.actor_id, 0)
         self.send_to_reward(ch, rollout_ref, meta)
 
     def on_deadline(self, now: float) -> None:

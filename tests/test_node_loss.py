@@ -86,11 +86,11 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
         record["executor"] = ex
         if lose and s == drill.FAULT_STEP and "t_fault" not in record:
             if lose == "rollout":
-                target = _node_of(ex.rollout_handle(ex.rollout_actor_ids()[0]))
+                target = _node_of(ex.fleet.rollout_handle(ex.fleet.rollout_actor_ids()[0]))
             else:
                 target = _node_of(ex.learner.workers[0])
             node = next(n for n in nodes[lose] if n.node_id == target)
-            handles = [ex.rollout_handle(i) for i in ex.rollout_actor_ids()]
+            handles = [ex.fleet.rollout_handle(i) for i in ex.fleet.rollout_actor_ids()]
             handles += list(ex.learner.workers)
             on_it = [h for h in handles if _node_of(h) == target]
             pids = [int(ray.get(h.pid.remote(), timeout=60)) for h in on_it]
@@ -106,7 +106,7 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
                 on_removed()
         if lose and s == drill.FAULT_STEP + 2:  # where the role's actors are now
             if lose == "rollout":
-                handles = [ex.rollout_handle(i) for i in ex.rollout_actor_ids()]
+                handles = [ex.fleet.rollout_handle(i) for i in ex.fleet.rollout_actor_ids()]
             else:
                 handles = list(ex.learner.workers)
             record["nodes_after"] = [_node_of(h) for h in handles]

@@ -67,18 +67,18 @@ def test_rollout_actor_killed_or_hung_is_replaced_with_current_weights(executor)
     ex.sync_weights()  # version 1: a replacement must get these weights, not the base model's
     clean, clean_s = _generate(ex)
     for fault in ("SIGKILL", "SIGSTOP"):
-        victim = ex.rollout_actor_ids()[0]
-        restarts, reissued = ex.restarts["rollout"], ex.counters["chunks_reissued"]
+        victim = ex.fleet.rollout_actor_ids()[0]
+        restarts, reissued = ex.fleet.restarts["rollout"], ex.counters["chunks_reissued"]
         timed_out = ex.counters["calls_timed_out"]
-        os.kill(_pid(ex.rollout_handle(victim)), getattr(signal, fault))
+        os.kill(_pid(ex.fleet.rollout_handle(victim)), getattr(signal, fault))
         faulty, faulty_s = _generate(ex)
         _same(faulty, clean)
         print(
             f"rollout {fault}: step {faulty_s:.1f} s vs {clean_s:.1f} s clean; recovery "
             f"{ex.last_recovery_s:.1f} s"
         )
-        assert victim not in ex.rollout_actor_ids() and len(ex.rollout_actor_ids()) == 2
-        assert ex.restarts["rollout"] == restarts + 1
+        assert victim not in ex.fleet.rollout_actor_ids() and len(ex.fleet.rollout_actor_ids()) == 2
+        assert ex.fleet.restarts["rollout"] == restarts + 1
         assert ex.counters["chunks_reissued"] == reissued + 1
         assert ex.counters["calls_timed_out"] == timed_out + (fault == "SIGSTOP")
         versions = rollout_versions(ex)
@@ -104,9 +104,9 @@ def test_a_replacement_while_the_learner_is_ahead_takes_the_rollout_actors_weigh
     v = ex.policy_version
     ex.update(make_train_batch(clean, torch.ones(len(PROMPTS), dtype=torch.bool), 1e-4))
     assert ex.learner.version == v + 1  # not synced: the rollout actors still hold v
-    victim = ex.rollout_actor_ids()[0]
+    victim = ex.fleet.rollout_actor_ids()[0]
     reissued = ex.counters["chunks_reissued"]
-    os.kill(_pid(ex.rollout_handle(victim)), signal.SIGKILL)
+    os.kill(_pid(ex.fleet.rollout_handle(victim)), signal.SIGKILL)
     faulty, _ = _generate(ex)
     assert ex.counters["chunks_reissued"] == reissued + 1
     _same(faulty, clean)
@@ -122,12 +122,12 @@ def test_a_replacement_while_the_learner_is_ahead_takes_the_rollout_actors_weigh
 def test_reward_actor_killed_is_replaced_and_the_chunk_rescored(executor):
     ex = executor
     clean, _ = _generate(ex)
-    (victim,) = ex.rewards.members  # the only reward actor: before healing, the run died
+    (victim,) = ex.fleet.rewards.members  # the only reward actor: before healing, the run died
     os.kill(_pid(victim.handle), signal.SIGKILL)
     faulty, _ = _generate(ex)
     _same(faulty, clean)
-    assert len(ex.rewards) == 1 and ex.rewards.members[0].actor_id != victim.actor_id
-    assert ex.restarts["reward"] == 1 and ex.counters["reward_actors_lost"] >= 1
+    assert len(ex.fleet.rewards) == 1 and ex.fleet.rewards.members[0].actor_id != victim.actor_id
+    assert ex.fleet.restarts["reward"] == 1 and ex.counters["reward_actors_lost"] >= 1
 
 
 @pytest.mark.slow
@@ -142,11 +142,11 @@ def test_filter_actor_killed_is_restarted_with_its_history(executor):
     local = FilterActor(ex.settings.filter)
     local.load_state_dict(before)
     want = local.filter(clean.rewards, clean.rollout.group_size)
-    os.kill(int(ray.get(ex.filter_actor.pid.remote(), timeout=60)), signal.SIGKILL)
+    os.kill(int(ray.get(ex.filters.actor.pid.remote(), timeout=60)), signal.SIGKILL)
     got = ex.filter(clean, Traffic())
     assert torch.equal(got.keep, want.keep) and torch.equal(got.stds, want.stds)
     assert ex.filter_state() == local.state_dict()  # the driver's copy
-    assert ray.get(ex.filter_actor.state_dict.remote(), timeout=60) == local.state_dict()
+    assert ray.get(ex.filters.actor.state_dict.remote(), timeout=60) == local.state_dict()
     assert ex.counters["filter_actors_lost"] == 1
 
 
@@ -165,10 +165,10 @@ def test_control_actor_lost_is_started_again_and_scaling_works(executor, caplog)
     with caplog.at_level("WARNING"):
         ex.on_step_end(0, row)
     assert [r for r in caplog.records if "control actor lost" in r.getMessage()]
-    n = len(ex.rollout_actor_ids())
+    n = len(ex.fleet.rollout_actor_ids())
     ray.get(ex.control.request_rollout_actors.remote(n + 1), timeout=60)
     ex.on_step_end(1, row)
-    assert len(ex.rollout_actor_ids()) == n + 1
+    assert len(ex.fleet.rollout_actor_ids()) == n + 1
 
 
 @pytest.mark.slow
@@ -176,13 +176,13 @@ def test_control_actor_lost_is_started_again_and_scaling_works(executor, caplog)
 def test_past_the_restart_budget_a_lost_actor_is_only_dropped(executor):
     ex = executor
     clean, _ = _generate(ex)
-    ex.restarts["rollout"] = 3  # rollout.max_restarts=3: the budget is spent
-    victim = ex.rollout_actor_ids()[0]
-    os.kill(_pid(ex.rollout_handle(victim)), signal.SIGKILL)
+    ex.fleet.restarts["rollout"] = 3  # rollout.max_restarts=3: the budget is spent
+    victim, n = ex.fleet.rollout_actor_ids()[0], len(ex.fleet.rollout_actor_ids())
+    os.kill(_pid(ex.fleet.rollout_handle(victim)), signal.SIGKILL)
     faulty, _ = _generate(ex)
     _same(faulty, clean)  # the survivor generated the lost chunk, with the same seed
-    assert ex.rollout_actor_ids() != [] and victim not in ex.rollout_actor_ids()
-    assert len(ex.rollout_actor_ids()) == 1
+    assert ex.fleet.rollout_actor_ids() != [] and victim not in ex.fleet.rollout_actor_ids()
+    assert len(ex.fleet.rollout_actor_ids()) == n - 1  # dropped, not replaced
 
 
 @pytest.mark.slow
@@ -197,6 +197,7 @@ def test_rollouts_reach_the_reward_actor_and_the_learner_without_the_driver(exec
     from maskgrpo_ray.rewards.rules import ToyRuleReward
 
     ex = executor
+    ex.fleet.scale_rollout(1)  # one chunk a call, whatever the tests before left (the bound's case)
     ex.traffic.take()
     collection = Traffic()  # the driver's bytes of the collection (the group source's count)
     out = ex.generate_and_score(chunks_of(ex, PROMPTS, POSITIONS), collection)

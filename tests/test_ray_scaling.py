@@ -51,13 +51,13 @@ def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys
 
         step(0)
         step(1)
-        assert ex.rollout_actor_ids() == [0]
+        assert ex.fleet.rollout_actor_ids() == [0]
         assert main(["status", "--run", "scaletest"]) == 0
         assert '"step": 1' in capsys.readouterr().out
         assert main(["scale", "--run", "scaletest", "--rollout", "2"]) == 0
-        assert len(ex.rollout_actor_ids()) == 1  # nothing changes mid-step
+        assert len(ex.fleet.rollout_actor_ids()) == 1  # nothing changes mid-step
         step(2)  # its on_step_end applies the request
-        assert ex.rollout_actor_ids() == [0, 1]
+        assert ex.fleet.rollout_actor_ids() == [0, 1]
         before = dict(ex.chunks_by_actor)
         step(3)
         step(4)

@@ -59,7 +59,7 @@ def executor(ray_cluster):
 
 
 def rollout_versions(ex) -> dict[int, tuple[int, float]]:
-    refs = {i: ex.rollout_handle(i).status.remote() for i in ex.rollout_actor_ids()}
+    refs = {i: ex.fleet.rollout_handle(i).status.remote() for i in ex.fleet.rollout_actor_ids()}
     out = {i: ray.get(r, timeout=60) for i, r in refs.items()}
     return {i: (s["version"], s["weights_checksum"]) for i, s in out.items()}
 
@@ -139,12 +139,12 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     version = ex.policy_version
     clean = ex.generate_and_score(chunks_of(ex, prompts, positions), Traffic())
     before = ex.counters["chunks_reissued"]
-    victim = ex.rollout_actor_ids()[0]
-    ray.kill(ex.rollout_handle(victim), no_restart=True)  # dies before its next chunk
+    victim = ex.fleet.rollout_actor_ids()[0]
+    ray.kill(ex.fleet.rollout_handle(victim), no_restart=True)  # dies before its next chunk
     crashed = ex.generate_and_score(chunks_of(ex, prompts, positions), Traffic())
     assert ex.counters["chunks_reissued"] == before + 1
-    assert victim not in ex.rollout_actor_ids()
-    assert len(ex.rollout_actor_ids()) == 2  # healed: a replacement took the victim's place
+    assert victim not in ex.fleet.rollout_actor_ids()
+    assert len(ex.fleet.rollout_actor_ids()) == 2  # healed: a replacement took the victim's place
     assert crashed.rollout.prompt_indices == positions  # each prompt once, in order
     assert torch.equal(
         fetch_rollout(crashed.rollout).final_tokens, fetch_rollout(clean.rollout).final_tokens
@@ -157,15 +157,15 @@ def test_killed_rollout_actor_chunk_reissued_exactly_once(executor):
     ex.sync_weights()
     assert ex.policy_version == version + 1
     # an actor added between steps receives the current weights and takes work
-    new_id = ex.add_rollout_actor()
+    new_id = ex.fleet.add_rollout_actor()
     assert rollout_versions(ex)[new_id][0] == ex.policy_version
-    for actor_id in [i for i in ex.rollout_actor_ids() if i != new_id]:
-        ex.remove_rollout_actor(actor_id)
-    assert ex.rollout_actor_ids() == [new_id]
+    for actor_id in [i for i in ex.fleet.rollout_actor_ids() if i != new_id]:
+        ex.fleet.remove_rollout_actor(actor_id)
+    assert ex.fleet.rollout_actor_ids() == [new_id]
     out = ex.generate_and_score(chunks_of(ex, prompts[:2], [200, 201]), Traffic())
     assert out.rollout.policy_version == ex.policy_version
-    ex.scale_rollout(2)
-    assert len(ex.rollout_actor_ids()) == 2
+    ex.fleet.scale_rollout(2)
+    assert len(ex.fleet.rollout_actor_ids()) == 2
 
 
 @pytest.mark.slow
@@ -183,9 +183,9 @@ def test_check_prompt_and_filter_state(executor):
     # and 0 for (0.5, 0.5); the NaN group is invalid, neither decided nor recorded. So `seen`
     # grows by exactly 2, whatever earlier tests of this module sent.
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.5, float("nan"), 1.0])
-    res = ray.get(ex.filter_actor.filter.remote(rewards, 2), timeout=60)
+    res = ray.get(ex.filters.actor.filter.remote(rewards, 2), timeout=60)
     assert res.invalid.tolist() == [False, False, True] and not res.keep[2]
-    state = ray.get(ex.filter_actor.state_dict.remote(), timeout=60)  # the actor's, not the copy's
+    state = ray.get(ex.filters.actor.state_dict.remote(), timeout=60)  # the actor's, not the copy's
     f0, f1 = before["filter"], state["filter"]
     assert f1["seen"] == f0["seen"] + 2
     assert f1["history"][-2:] == pytest.approx([0.5**0.5, 0.0], abs=1e-7)
@@ -206,8 +206,8 @@ def test_check_prompt_and_filter_state(executor):
     from maskgrpo_ray.data_plane import Traffic
 
     ex.filter(SimpleNamespace(rewards=rewards, rollout=SimpleNamespace(group_size=2)), Traffic())
-    assert ray.get(ex.filter_actor.state_dict.remote(), timeout=60) == ex.filter_state()
-    assert ex.filter_stats() == ray.get(ex.filter_actor.stats.remote(), timeout=60)
+    assert ray.get(ex.filters.actor.state_dict.remote(), timeout=60) == ex.filter_state()
+    assert ex.filter_stats() == ray.get(ex.filters.actor.stats.remote(), timeout=60)
 
 
 def _listening(pids: set[int]) -> list[tuple[str, int, int]]:

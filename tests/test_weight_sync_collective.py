@@ -113,7 +113,7 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
 
     ex = RayExecutor(small_cfg("learner.weight_sync=collective"), timeout_s=120)
     try:
-        assert isinstance(ex.sync, CollectiveSync)
+        assert isinstance(ex.fleet.sync, CollectiveSync)
         prompts = load_prompts("toy", "train")[:4]
         from test_ray_system import chunks_of
 
@@ -128,13 +128,15 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
         learner_sum = learner_digest(ex)[0]
         for _, checksum in versions.values():
             assert checksum == pytest.approx(learner_sum, rel=1e-9)
-        formed = ex.sync.groups_formed
-        victim = ex.rollout_actor_ids()[0]
-        os.kill(int(ray.get(ex.rollout_handle(victim).pid.remote(), timeout=60)), signal.SIGKILL)
+        formed = ex.fleet.sync.groups_formed
+        victim = ex.fleet.rollout_actor_ids()[0]
+        os.kill(
+            int(ray.get(ex.fleet.rollout_handle(victim).pid.remote(), timeout=60)), signal.SIGKILL
+        )
         ex.update(make_train_batch(batch, torch.ones(4, dtype=torch.bool), 1e-4))
         ex.sync_weights()  # the dead member is found, healed, the group re-formed
-        assert victim not in ex.rollout_actor_ids() and len(ex.rollout_actor_ids()) == 2
-        assert ex.sync.groups_formed > formed
+        assert victim not in ex.fleet.rollout_actor_ids() and len(ex.fleet.rollout_actor_ids()) == 2
+        assert ex.fleet.sync.groups_formed > formed
         versions = rollout_versions(ex)
         assert {v for v, _ in versions.values()} == {2}
         learner_sum = learner_digest(ex)[0]
