@@ -20,6 +20,7 @@ from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
+from maskgrpo_ray.models.base import prompt_problems
 from maskgrpo_ray.phases import generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
@@ -65,14 +66,7 @@ class RolloutActor(PoolActor):
 
     def check_prompts(self, prompts: list[str]) -> list[str | None]:
         """Per prompt: None if the policy can read it, else the reason (a ValueError's text)."""
-        out: list[str | None] = []
-        for prompt in prompts:
-            try:
-                self.policy.tokenize([prompt])
-                out.append(None)
-            except ValueError as err:
-                out.append(str(err))
-        return out
+        return prompt_problems(self.policy, prompts)
 
     def sync_join(
         self,

@@ -21,6 +21,7 @@ from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config, ConfigError, load_config
 from maskgrpo_ray.driver import RunFailed
 from maskgrpo_ray.errors import UserError, one_line
+from maskgrpo_ray.executor import Executor
 from maskgrpo_ray.hub import pending_fields, resolve_config
 from maskgrpo_ray.storage import CheckpointError
 
@@ -210,7 +211,7 @@ def run_train(
         train_prompts, _ = keep_valid_prompts(train_prompts, lambda p: policy.tokenize([p]))
         eval_prompts, _ = keep_valid_prompts(eval_prompts, lambda p: policy.tokenize([p]))
         reward = build_reward_from_settings(settings.reward)
-        ex: Any = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
+        ex: Executor = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
     else:
         from maskgrpo_ray.ray_executor import RayExecutor
 
@@ -233,13 +234,13 @@ def run_train(
             stream,
             evals,
             resume_from=resume_from,
-            on_step_end=getattr(ex, "on_step_end", None),
+            on_step_end=ex.on_step_end,
         )
     finally:
         ex.shutdown()
 
 
-def batched_check(ex: Any, prompts: list[str]) -> Any:
+def batched_check(ex: Executor, prompts: list[str]) -> Any:
     """A per-prompt check for ``keep_valid_prompts`` answered from one batched actor call."""
     reasons = dict(zip(prompts, ex.check_prompts(prompts)))
 

@@ -3,7 +3,11 @@
 Two backends implement it: ``local.LocalExecutor`` (one process, the baseline and the
 reference) and ``ray_executor.RayExecutor`` (rollout, reward, filter and learner actors on a
 Ray cluster). The part a :class:`~maskgrpo_ray.collect.GroupSource` uses (generate, score,
-filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load.
+filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load; the
+``train`` command calls the rest (prompt checks and metadata, the step-end hook, shutdown).
+
+Ground floor of the loop: this module imports only the messages (``types``, ``data_plane``),
+and those only for annotations.
 """
 
 from __future__ import annotations
@@ -17,10 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from maskgrpo_ray.collect import Chunk
     from maskgrpo_ray.data_plane import Traffic
-    from maskgrpo_ray.phases import FilterResult
-    from maskgrpo_ray.types import ScoredBatch
+    from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch
 
 
 class PhaseTimer:
@@ -56,10 +58,10 @@ class GroupWork(Protocol):
     def filter_stats(self) -> dict[str, float]:
         """The filter's figures after its last decision."""
 
-    def filter_state(self) -> dict[str, Any]:
-        """The filter's state (what a checkpoint and a rewind restore)."""
+    def filter_state(self) -> dict[str, Any] | None:
+        """The filter's state (what a checkpoint and a rewind restore; None: no filter)."""
 
-    def load_filter_state(self, state: dict[str, Any]) -> None: ...
+    def load_filter_state(self, state: dict[str, Any] | None) -> None: ...
 
 
 class Executor(GroupWork, Protocol):
@@ -91,5 +93,16 @@ class Executor(GroupWork, Protocol):
         """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it. With
         ``from_rollouts`` (no checkpoint to restore) it starts from the rollout actors' weights
         and version, with fresh optimizer state, and the rollout actors are re-synced."""
+
+    # the train command's calls (maskgrpo_ray.cli.run_train)
+
+    def check_prompts(self, prompts: list[str]) -> list[str | None]:
+        """Per prompt, None or why the policy cannot read it (the command drops those)."""
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> None:
+        """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        """After a step is logged: live control (Ray: a requested scale, the job's status)."""
 
     def shutdown(self) -> None: ...

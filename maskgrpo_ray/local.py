@@ -21,7 +21,7 @@ from maskgrpo_ray.learner_core import (
     build_optimizer,
     reference_policy,
 )
-from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
 from maskgrpo_ray.phases import FilterResult, filter_groups, generate, score
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
@@ -59,6 +59,13 @@ class LocalExecutor:
     def set_prompt_metadata(self, table: dict[str, Any]) -> None:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
         self.prompt_meta = table
+
+    def check_prompts(self, prompts: list[str]) -> list[str | None]:
+        """Per prompt, None or why the policy cannot read it."""
+        return prompt_problems(self.policy, prompts)
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        """Nothing to control live in one process."""
 
     def generate_and_score(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
         """The chunks' groups, each chunk generated with its own seed and scored, in order."""

@@ -48,6 +48,18 @@ def cfg_mix(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> 
     return (1.0 + guidance_scale) * cond - guidance_scale * uncond
 
 
+def prompt_problems(policy: MaskedImagePolicy, prompts: Sequence[str]) -> list[str | None]:
+    """Per prompt: None if ``policy`` can read it, else why (its tokenizer's ValueError)."""
+    out: list[str | None] = []
+    for prompt in prompts:
+        try:
+            policy.tokenize([prompt])
+            out.append(None)
+        except ValueError as err:
+            out.append(str(err))
+    return out
+
+
 class MaskedImagePolicy(nn.Module, ABC):
     """Abstract text-to-image masked generative policy (toy model, Show-o, ...)."""
 
