@@ -27,7 +27,14 @@ from maskgrpo_ray.executor import Executor, PhaseTimer
 from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.phases import make_train_batch
-from maskgrpo_ray.recovery import Cadence, Checkpoints, Preemption, RunFailed, StepAbandoned
+from maskgrpo_ray.recovery import (
+    Cadence,
+    Checkpoints,
+    Preemption,
+    RunCursor,
+    RunFailed,
+    StepAbandoned,
+)
 from maskgrpo_ray.step_figures import (
     StepOutcome,
     closing_figures,
@@ -166,14 +173,13 @@ class _Loop:
     totals: dict[str, float]
     cadence: Cadence
     pending: list[Pending] = field(default_factory=list)  # submitted steps, oldest first
-    step_start: dict[str, Any] = field(default_factory=dict)  # the source's state before it
+    # where a learner lost with no checkpoint to roll back to goes on from (RunCursor.source)
+    redo: RunCursor = field(default_factory=lambda: RunCursor(0, None))
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
         pending, self.pending = self.pending, []
-        # where a learner lost without a checkpoint redoes this step from
-        self.step_start = pending[0].before if pending else self.source.state_dict()
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
         out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
@@ -191,6 +197,18 @@ class _Loop:
     def drop_pending(self, *, rewind: bool) -> None:
         self.source.discard(self.pending, rewind=rewind)
         self.pending = []
+
+    def move_to(self, at: RunCursor, bar: Any) -> RunCursor:
+        """Put the loop at ``at`` (after a roll-back): the source's state, the base evaluation
+        and the totals it names; the progress bar."""
+        if at.source is not None:
+            self.source.load_state_dict(at.source)
+        self.base = self.base if at.base is None else at.base
+        self.totals = self.totals if at.totals is None else at.totals
+        if bar is not None:
+            bar.n = at.step
+            bar.refresh()
+        return at
 
 
 def _progress_bar(cfg: Config, start_step: int) -> Any:
@@ -221,76 +239,64 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     return 0
 
 
-def _recover(ckpts: Checkpoints, lost: LearnerLost, restarts: int) -> tuple[Any, int]:
-    """``ckpts.recover_learner``, tried again while the new group is itself lost during its
-    restore (a second fault in the recovery); each try counts against
-    ``run.max_learner_restarts``. Returns its result and the restarts so far."""
-    while True:
-        restarts += 1
-        try:
-            return ckpts.recover_learner(lost, restarts), restarts
-        except LearnerLost as again:
-            log.warning("the new learner group was lost during its restore: %s", again)
-            lost = again
-
-
 def _steps(
     loop: _Loop, ckpts: Checkpoints, stop: Preemption, start_step: int, on_step_end: Any
-) -> tuple[int, int | None, bool]:
-    """The step loop. Returns (next step, the step of the newest checkpoint, abandoned)."""
-    cfg, bar = loop.cfg, _progress_bar(loop.cfg, start_step)
-    step = next_step = start_step
-    saved_step = start_step if start_step or loop.cadence.enabled else None
-    restarts = 0
+) -> tuple[RunCursor, bool]:
+    """The step loop: advance one step at a time or, after a lost learner, roll back to the
+    cursor the recovery answers. Returns where it stopped and whether a step was abandoned."""
+    saved = start_step if start_step or loop.cadence.enabled else None
+    at, bar = RunCursor(start_step, saved), _progress_bar(loop.cfg, start_step)
     try:
-        while step < cfg.train.steps and not stop.requested:
+        while at.step < loop.cfg.train.steps and not stop.requested:
             try:
-                with stop.step():
-                    row = loop.step(step, stop)
-                next_step = step + 1
-                due = loop.cadence.at_step(next_step) or loop.cadence.time_due()
-                if due and not loop.pending:
-                    t0 = time.monotonic()
-                    ckpts.save(next_step, loop.base, loop.totals)
-                    loop.cadence.saved()
-                    stop.save_s, saved_step = max(stop.save_s, time.monotonic() - t0), next_step
-            except LearnerLost as lost:  # roll the whole run back to its newest checkpoint
-                loop.drop_pending(rewind=False)  # the checkpoint has the source's state
-                back, restarts = _recover(ckpts, lost, restarts)
-                if back is None:  # no checkpoint: the learner has the rollout actors' weights
-                    if next_step == step:  # lost in the step: it runs again, from its start
-                        loop.source.load_state_dict(loop.step_start)
-                        continue
-                    step += 1  # (lost saving a checkpoint, in Cadence.enabled runs only)
-                    continue
-                step, loop.base, loop.totals = back
-                next_step = saved_step = step
-                if bar is not None:
-                    bar.n = step
-                    bar.refresh()
-                continue
-            if on_step_end is not None:
-                on_step_end(step, row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}"
-                )
-            step += 1
+                at = _advance(loop, ckpts, stop, at, on_step_end, bar)
+            except LearnerLost as lost:
+                loop.drop_pending(rewind=False)  # the cursor has the source's state
+                at = loop.move_to(ckpts.roll_back(lost, redo=loop.redo), bar)
         loop.drop_pending(rewind=True)  # stopped: its prompts go back (the checkpoint has them)
-        return next_step, saved_step, False
+        return at, False
     except StepAbandoned:  # its partial work is dropped: no checkpoint of this state
         loop.drop_pending(rewind=False)
         log.warning(
             "%s: step %d abandoned to stay within run.preemption_grace_seconds=%.0f",
             stop.signal_name,
-            next_step,
+            at.step,
             stop.grace_s,
         )
-        return next_step, saved_step, True
+        return at, True
     finally:
         if bar is not None:
             bar.close()
+
+
+def _advance(
+    loop: _Loop,
+    ckpts: Checkpoints,
+    stop: Preemption,
+    at: RunCursor,
+    on_step_end: Any,
+    bar: Any,
+) -> RunCursor:
+    """Step ``at.step``, then the checkpoint when one is due; the cursor after them. A learner
+    lost in the step redoes it from its start, one lost writing the checkpoint goes on after
+    it (``loop.redo``, when there is no checkpoint to roll back to)."""
+    start = loop.pending[0].before if loop.pending else loop.source.state_dict()
+    loop.redo = RunCursor(at.step, at.saved, source=start)
+    with stop.step():
+        row = loop.step(at.step, stop)
+    at = loop.redo = RunCursor(at.step + 1, at.saved)
+    if (loop.cadence.at_step(at.step) or loop.cadence.time_due()) and not loop.pending:
+        t0 = time.monotonic()
+        ckpts.save(at.step, loop.base, loop.totals)
+        loop.cadence.saved()
+        stop.save_s = max(stop.save_s, time.monotonic() - t0)
+        at = RunCursor(at.step, at.step)
+    if on_step_end is not None:
+        on_step_end(at.step - 1, row)
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", sps=f"{row['samples_per_second']:.1f}")
+    return at
 
 
 def train(
@@ -336,7 +342,8 @@ def _run(
     stop = Preemption(cfg.run.preemption_grace_seconds)
     stop.install()
     try:
-        next_step, saved_step, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
+        at, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
+        next_step, saved_step = at.step, at.saved
     finally:
         stop.uninstall()
         loop.source.shutdown()

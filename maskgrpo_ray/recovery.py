@@ -37,6 +37,27 @@ class RunFailed(RuntimeError):
     resumes it (the CLI exits non-zero with it)."""
 
 
+@dataclass(frozen=True)
+class RunCursor:
+    """Where the step loop stands between steps: what it advances from, and what a roll-back
+    after a lost learner puts it back to.
+
+    Attributes:
+        step: the next step to run.
+        saved: the step the newest checkpoint resumes at (None: no checkpoint yet).
+        source: the group source's state to put back before ``step`` runs (a step redone with
+            no checkpoint to roll back to); None: the source is already there.
+        base, totals: the base evaluation and the run's totals to put back (a checkpoint's);
+            None: unchanged.
+    """
+
+    step: int
+    saved: int | None
+    source: dict[str, Any] | None = None
+    base: dict[str, float] | None = None
+    totals: dict[str, float] | None = None
+
+
 class Cadence:
     """When the step loop checkpoints: every ``run.checkpoint_every_steps`` steps, and at the
     first step boundary ``run.checkpoint_every_minutes`` after the last checkpoint that has no
@@ -72,6 +93,7 @@ class Checkpoints:
     source: GroupSource
     run_dir: Path
     runlog: RunLog
+    learner_restarts: int = 0  # new learner groups so far (run.max_learner_restarts bounds it)
 
     def save(self, next_step: int, base: dict[str, float], totals: dict[str, float]) -> None:
         """Stage the checkpoint in a local folder (executor files + ``driver.pt``) and publish
@@ -107,14 +129,27 @@ class Checkpoints:
         log.info("resumed from %s at step %d", folder, start_step)
         return start_step, dict(state["base"]), dict(state["totals"])
 
-    def recover_learner(self, lost: LearnerLost, attempt: int) -> tuple[int, dict, dict] | None:
-        """After a lost learner rank: a new learner group, and the executor, the source, the
-        driver's counters and ``metrics.jsonl`` rolled back to the newest valid checkpoint
-        (:meth:`restore`). The steps after it run again, so none is lost or trained twice.
-        With no checkpoint (both cadences 0): the new group starts from the rollout actors'
-        weights with fresh optimizer state, announced in one warning and counted
-        (``learner_fallbacks``), and None is returned (the caller redoes the step). Bounded by
-        ``run.max_learner_restarts``; past it, :class:`RunFailed`."""
+    def roll_back(self, lost: LearnerLost, redo: RunCursor) -> RunCursor:
+        """After a lost learner rank: a new learner group and the cursor the loop goes on from
+        (:meth:`recover_learner`), tried again while the new group is itself lost during its
+        restore (a second fault in the recovery); each try counts against
+        ``run.max_learner_restarts``."""
+        while True:
+            self.learner_restarts += 1
+            try:
+                return self.recover_learner(lost, self.learner_restarts, redo)
+            except LearnerLost as again:
+                log.warning("the new learner group was lost during its restore: %s", again)
+                lost = again
+
+    def recover_learner(self, lost: LearnerLost, attempt: int, redo: RunCursor) -> RunCursor:
+        """A new learner group, and the executor, the source, the driver's counters and
+        ``metrics.jsonl`` rolled back to the newest valid checkpoint (:meth:`restore`): the
+        cursor at it. The steps after it run again, so none is lost or trained twice. With no
+        checkpoint (both cadences 0): the new group starts from the rollout actors' weights with
+        fresh optimizer state, announced in one warning and counted (``learner_fallbacks``),
+        and the loop goes on from ``redo``. Bounded by ``run.max_learner_restarts``; past it,
+        :class:`RunFailed`."""
         cfg, run_dir = self.cfg, self.run_dir
         store = run_store(cfg.run, run_dir)
         resume = f"maskgrpo train --resume {run_dir}"
@@ -132,7 +167,7 @@ class Checkpoints:
             folder = store.fetch_valid(Path(scratch))
             if folder is None:
                 self._continue_from_rollouts(lost, store.location)
-                return None
+                return redo
             log.warning(
                 "%s: restoring the learner group and the run from checkpoint %s (attempt %d of %d)",
                 lost,
@@ -147,13 +182,11 @@ class Checkpoints:
                     f"{lost}; a new learner group could not be started ({err}). Newest "
                     f"checkpoint: {store.location}/{folder.name}; resume it with `{resume}`"
                 ) from err
-            out = self.restore(folder)
+            step, base, totals = self.restore(folder)
         log.warning(
-            "learner restored in %.1f s; the run continues at step %d",
-            time.monotonic() - t0,
-            out[0],
+            "learner restored in %.1f s; the run continues at step %d", time.monotonic() - t0, step
         )
-        return out
+        return RunCursor(step, step, base=base, totals=totals)
 
     def _continue_from_rollouts(self, lost: LearnerLost, location: str) -> None:
         cfg = self.cfg
