@@ -139,6 +139,26 @@ def _write_tiny_clip_tokenizer(folder: Path, merges: tuple[str, ...]) -> None:
 TINY_MERGES = ("r e", "o n", "t h", "th e</w>", "d o", "e d</w>", "o t</w>", "l e")
 
 
+def _tiny_vqvae(codebook_size: int, vq_levels: int) -> Any:
+    """A tiny VQ-GAN of ``vq_levels`` blocks (``2^(vq_levels - 1)`` pixels per token a side)."""
+    from diffusers import VQModel
+
+    return VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * vq_levels,
+        up_block_types=("UpDecoderBlock2D",) * vq_levels,
+        block_out_channels=(16,) * vq_levels,
+        layers_per_block=1,
+        act_fn="silu",
+        latent_channels=4,
+        norm_num_groups=4,
+        num_vq_embeddings=codebook_size,
+        mid_block_add_attention=False,
+        lookup_from_codebook=True,
+    )
+
+
 def save_tiny_random_amused(
     folder: str | Path,
     *,
@@ -152,7 +172,7 @@ def save_tiny_random_amused(
     ``V + 1``, the U-ViT's last id, not ``V``: as in aMUSEd, codebook and mask ids are apart),
     images of ``grid * 2^(vq_levels - 1)`` pixels a side. The same ``seed`` writes the same
     weights."""
-    from diffusers import AmusedScheduler, UVit2DModel, VQModel
+    from diffusers import AmusedScheduler, UVit2DModel
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
 
     from maskgrpo_ray.models.showo import random_init_
@@ -190,20 +210,7 @@ def save_tiny_random_amused(
         intermediate_size=32,
         sample_size=grid,
     )
-    vqvae: Any = VQModel(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * vq_levels,
-        up_block_types=("UpDecoderBlock2D",) * vq_levels,
-        block_out_channels=(16,) * vq_levels,
-        layers_per_block=1,
-        act_fn="silu",
-        latent_channels=4,
-        norm_num_groups=4,
-        num_vq_embeddings=codebook_size,
-        mid_block_add_attention=False,
-        lookup_from_codebook=True,
-    )
+    vqvae = _tiny_vqvae(codebook_size, vq_levels)
     random_init_(transformer, seed + 1)
     random_init_(vqvae, seed + 2, spread=0.1)
     transformer.save_pretrained(out / "transformer", safe_serialization=True)
