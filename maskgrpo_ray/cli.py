@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -171,9 +171,25 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
         if not any(k.startswith(f"reward.components[{i}].") for k in unfetched)
     ]
     check_reward_files(fetched)
+    check_diversity_embedding(cfg, specs)
     for key in sorted(unfetched):
         log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)
     return RunPrompts(train, evals)
+
+
+def check_diversity_embedding(cfg: Config, specs: Sequence[Any]) -> None:
+    """``train.diversity`` needs a reward component with an image embedding (its per-sample
+    distances come from it): a one-line error before anything starts, naming the fix."""
+    from maskgrpo_ray.rewards.base import reward_embeds
+
+    kind = cfg.train.diversity.kind
+    if kind != "none" and not any(reward_embeds(s.kind) for s in specs):
+        raise UserError(
+            f"train.diversity.kind={kind!r}: no reward component has an image embedding "
+            f"(components: {[s.kind for s in specs]}), so there is no diversity/"
+            f"{cfg.train.diversity.measure} to use; add one that does (clip, toy_rules, "
+            "toy_geneval; weight 0 is enough) or set train.diversity.kind none"
+        )
 
 
 def run_train(

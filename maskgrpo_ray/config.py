@@ -37,6 +37,7 @@ from maskgrpo_ray.config_policy import (
 )
 from maskgrpo_ray.config_run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config_training import (
+    DiversityConfig,
     FilterConfig,
     LearnerConfig,
     RewardComponent,
@@ -50,6 +51,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "DiversityConfig",
     "EvalConfig",
     "FilterConfig",
     "ForwardEstimatorConfig",
@@ -142,6 +144,19 @@ class Config(Strict):
                 f"{t.updates_per_batch} < mask_draws={fwd.mask_draws}: inner update i scores "
                 "draw i mod K, so some draws would never be trained; raise updates_per_batch "
                 "to a multiple of mask_draws or lower mask_draws"
+            )
+        if t.anchor_unmasking_steps and (est != "trajectory" or t.anchor_unmasking_steps > steps):
+            raise ValueError(
+                f"train.anchor_unmasking_steps={t.anchor_unmasking_steps}: anchoring holds the "
+                f"first unmasking steps of the trajectory estimator, so it needs "
+                f"likelihood.estimator trajectory (got {est!r}) and at most "
+                f"rollout.unmasking_steps={steps} steps; lower it or set it to 0"
+            )
+        if t.advantage == "gdpo" and len(self.reward.components) < 2:
+            raise ValueError(
+                f"train.advantage='gdpo' with {len(self.reward.components)} reward component: "
+                "GDPO normalises each component within its group before summing, which needs "
+                "two or more reward.components; use advantage 'grpo', or add a component"
             )
         ro = self.rollout
         if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":
