@@ -1,5 +1,6 @@
-"""``maskgrpo`` command line: ``maskgrpo train --config FILE [--set k=v ...] [--run-dir DIR]``,
-``maskgrpo eval``, ``maskgrpo prompts``, ``maskgrpo scale|status``, ``maskgrpo validate``."""
+"""``maskgrpo`` command line: ``maskgrpo train --config FILE|NAME [--set k=v ...] [--run-dir DIR]``,
+``maskgrpo eval``, ``maskgrpo prompts``, ``maskgrpo scale|status``, ``maskgrpo validate``,
+``maskgrpo configs`` (the built-in configs: ``--config toy``)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run Mask-GRPO training")
-    t.add_argument("--config", default=None, help="YAML config (default: configs/toy.yaml values)")
+    t.add_argument(
+        "--config",
+        default=None,
+        help="a YAML file or a built-in config's name, e.g. toy (maskgrpo configs list; "
+        "default: toy's values)",
+    )
     t.add_argument(
         "--set",
         dest="overrides",
@@ -104,11 +110,12 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None)
     v.add_argument("--set", dest="overrides", action="append", default=[])
-    from maskgrpo_ray import prompts_cli
+    from maskgrpo_ray import configs_cli, prompts_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
 
     eval_cli.register(sub)
     prompts_cli.register(sub)
+    configs_cli.register(sub)
     d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
     d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
@@ -333,6 +340,10 @@ def _run(args: argparse.Namespace) -> int:
         from maskgrpo_ray import plan_cli
 
         return plan_cli.run(args)
+    if args.command == "configs":
+        from maskgrpo_ray import configs_cli
+
+        return configs_cli.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -23,8 +23,8 @@ def register(sub: Any) -> None:
     e.add_argument(
         "--config",
         default=None,
-        help="YAML config (default: the config.yaml of the first run directory in --weights, "
-        "else configs/toy.yaml values)",
+        help="a YAML file or a built-in config's name (default: the config.yaml of the first run "
+        "directory in --weights, else toy's values)",
     )
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument(
