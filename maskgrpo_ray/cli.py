@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_run_dir(cfg: Config, arg: str | None) -> Path:
+def resolve_run_dir(cfg: Config, arg: str | Path | None) -> Path:
     if arg:
         return Path(arg)
     if cfg.run.run_dir:
@@ -358,25 +358,58 @@ def _run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if getattr(args, "backend", None):
         overrides.append(f"run.backend={args.backend}")
-    resume = getattr(args, "resume", None)
-    resume_dir = None if resume in (None, "auto") else Path(resume)
+    if args.command == "validate":
+        cfg = validate_command(args.config, overrides)
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return 0
+    try:
+        summary, run_dir = train_command(args.config, overrides, args.run_dir, args.resume)
+    except RunFailed as err:
+        print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    if not summary.get("completed", True):
+        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+ConfigSource = str | Path | Mapping[str, Any] | None
+
+
+def validate_command(config: ConfigSource, overrides: list[str]) -> Config:
+    """``maskgrpo validate``: the config loaded, its hub ids checked on the hub but not fetched,
+    its prompts and files checked (:func:`preflight`). Raises a UserError naming the fix."""
+    cfg, found = resolve_config(load_config(config, overrides), download=False)
+    preflight(cfg, pending_fields(found))
+    return cfg
+
+
+def train_command(
+    config: ConfigSource,
+    overrides: list[str],
+    run_dir: str | Path | None = None,
+    resume: str | Path | None = "auto",
+) -> tuple[dict[str, Any], Path]:
+    """``maskgrpo train``'s whole path (the API's ``train`` too): load the config (a resumed
+    run's saved one when ``config`` is None), resolve hub ids to local folders (fetching only
+    what ``MASKGRPO_ALLOW_DOWNLOADS`` allows), check prompts and files, find the checkpoint to
+    resume, run. Returns the summary and the run directory. Raises a UserError for bad input
+    (nothing started), :class:`RunFailed` when the run fails."""
+    resume_dir = None if resume in (None, "auto") else Path(str(resume))
     if resume_dir is not None:
         saved = resume_dir / "config.yaml"
-        if args.config is None and not saved.exists():
+        if config is None and not saved.exists():
             raise ConfigError(
                 f"--resume {resume_dir}: no complete checkpoint there ({saved} is missing "
                 "too: is it a run directory?); pass the run directory a run wrote"
             )
-        cfg = load_config(args.config or saved, overrides)
+        cfg = load_config(saved if config is None else config, overrides)
     else:
-        cfg = load_config(args.config, overrides)
-    # hub ids -> local snapshot folders, once, here (validate: fetches nothing)
-    cfg, found = resolve_config(cfg, download=args.command != "validate")
+        cfg = load_config(config, overrides)
+    cfg, found = resolve_config(cfg, download=True)  # hub ids -> local snapshot folders, once
     prompts = preflight(cfg, pending_fields(found))  # prompts and model files, before any actor
-    if args.command == "validate":
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        return 0
-    run_dir = resume_dir or resolve_run_dir(cfg, args.run_dir)
+    run_dir = resume_dir or resolve_run_dir(cfg, run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(
             f"--run-dir {run_dir}: a file is there; give a folder path (it is created if new)"
@@ -393,16 +426,7 @@ def _run(args: argparse.Namespace) -> int:
             log.info("no checkpoint at %s: starting %s from step 0", where, run_dir)
         else:
             log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
-        try:
-            summary = run_train(cfg, run_dir, resume_from, prompts)
-        except RunFailed as err:
-            print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
-            return 1
-    print(json.dumps(summary, indent=2))
-    if not summary.get("completed", True):
-        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
-    print(f"run directory: {run_dir}")
-    return 0
+        return run_train(cfg, run_dir, resume_from, prompts), run_dir
 
 
 if __name__ == "__main__":
