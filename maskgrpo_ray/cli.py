@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument(
             "--address",
             default=None,
-            help="the job's Ray head, HOST:PORT (default: RAY_ADDRESS, else the head started "
-            "on this machine)",
+            help="the job's Ray head: HOST:PORT of its GCS, or the job API's URL "
+            "http://HOST:8265 (default: RAY_ADDRESS, else the head started on this machine)",
         )
         c.add_argument(
             "--timeout",

@@ -134,23 +134,27 @@ def use_token_if_present() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
-    """Join a *running* cluster for ``maskgrpo status`` / ``scale``, or fail in one line.
+GCS_DEFAULT_PORT = 6379
 
-    The address is found as ``ray job submit`` finds it: ``address`` (``--address``), then
-    ``RAY_ADDRESS``, then the local head's own address file. A head bound to loopback (as
-    ``docs/operations.md`` starts it) is joined on loopback. The GCS port is probed first
-    (a refused or silent port fails within ``timeout_s``), and the join itself is given
-    ``timeout_s`` too. Returns the address joined; raises :class:`NoCluster` naming the
-    address tried, where it came from and how to point elsewhere.
-    """
-    import socket
-    import threading
 
-    import ray
+@dataclass(frozen=True)
+class HeadAddress:
+    """Where ``status`` / ``scale`` look for the job's head."""
 
-    if ray.is_initialized():
-        return "(already connected)"
+    gcs: str  # HOST:PORT of the GCS, joined with ray.init
+    where: str  # for messages: the value and where it came from
+    dashboard: str | None = None  # HOST:PORT the joined head's dashboard must be at
+
+
+def find_head(address: str | None) -> HeadAddress:
+    """The GCS to join, found as ``ray job submit`` finds its head: ``address`` (``--address``),
+    then ``RAY_ADDRESS``, then the local head's own address file. The job API's URL
+    (``http://HOST:8265``, the value ``ray job submit`` takes) names the dashboard, not the GCS:
+    on this machine the GCS comes from the local head's address file (and the joined head's
+    dashboard must be that URL's); on another host, Ray's default GCS port there, announced
+    with a warning. Raises :class:`NoCluster` when there is nothing to try."""
+    from urllib.parse import urlsplit
+
     candidates = (
         ("--address", address),
         ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")),
@@ -162,8 +166,48 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             "no running Ray cluster found (no --address, no RAY_ADDRESS, no head started on "
             "this machine); start the job first, or pass --address HOST:PORT of its head"
         )
-    where = f"{found} (from {source})"
-    host, _, port = found.removeprefix("ray://").rpartition(":")
+    if not found.startswith(("http://", "https://")):
+        return HeadAddress(found, f"{found} (from {source})")
+    url = urlsplit(found)
+    host, dash = url.hostname or "", f"{url.hostname}:{url.port or 8265}"
+    what = f"{source}={found}, the Ray dashboard's (job API's) URL"
+    if is_loopback_host(host):
+        local = _local_head_address()
+        if not local:
+            raise NoCluster(
+                f"{what}: no head was started on this machine (no address file); start the "
+                "job's head, or pass --address HOST:PORT of its GCS (ray start --port)"
+            )
+        return HeadAddress(local, f"{local} (the local head's address file, for {what})", dash)
+    gcs = f"{host}:{GCS_DEFAULT_PORT}"
+    log.warning(
+        "%s: joining the GCS at %s (Ray's default port on that host; pass --address HOST:PORT "
+        "if the head was started with another --port)",
+        what,
+        gcs,
+    )
+    return HeadAddress(gcs, f"{gcs} (Ray's default GCS port, for {what})", dash)
+
+
+def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
+    """Join a *running* cluster for ``maskgrpo status`` / ``scale``, or fail in one line.
+
+    The head is found by :func:`find_head` (``--address``, ``RAY_ADDRESS`` (a GCS address or
+    the job API's URL), the local head's address file). A head bound to loopback (as
+    ``docs/operations.md`` starts it) is joined on loopback. The GCS port is probed first (a
+    refused or silent port fails within ``timeout_s``), and the join itself is given
+    ``timeout_s`` too. Returns the address joined; raises :class:`NoCluster` naming the
+    address tried, where it came from and how to point elsewhere.
+    """
+    import socket
+
+    import ray
+
+    if ray.is_initialized():
+        return "(already connected)"
+    head = find_head(address)
+    where = head.where
+    host, _, port = head.gcs.removeprefix("ray://").rpartition(":")
     if not port.isdigit():
         raise NoCluster(f"{where}: not HOST:PORT of a Ray head's GCS; pass --address HOST:PORT")
     try:
@@ -173,16 +217,40 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             f"no Ray head answers at {where}: {err.strerror or err}; start the job's cluster, "
             "or point --address / RAY_ADDRESS at its head (HOST:6379)"
         ) from None
-    kwargs: dict[str, Any] = {"address": found, "namespace": namespace, "log_to_driver": False}
+    kwargs: dict[str, Any] = {"address": head.gcs, "namespace": namespace, "log_to_driver": False}
     if is_loopback_host(host):
         force_loopback()
         kwargs["_node_ip_address"] = "127.0.0.1"  # join the loopback head on loopback
+    context = _join(kwargs, where, timeout_s)
+    joined_dash = str(getattr(context, "dashboard_url", "") or "").removeprefix("http://")
+    if head.dashboard is not None and not _same_endpoint(joined_dash, head.dashboard):
+        ray.shutdown()
+        raise NoCluster(
+            f"the head at {where} has its dashboard at {joined_dash or 'no address'}, not "
+            f"{head.dashboard}: another head; pass --address HOST:PORT of the job's GCS"
+        )
+    return head.gcs
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """``127.0.0.1:8265`` and ``localhost:8265`` are the same loopback endpoint."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    return pa == pb and (ha == hb or (is_loopback_host(ha) and is_loopback_host(hb)))
+
+
+def _join(kwargs: dict[str, Any], where: str, timeout_s: float) -> Any:
+    """``ray.init(**kwargs)`` within ``timeout_s`` (a thread: a join can hang), or NoCluster."""
+    import threading
+
+    import ray
+
     errors: list[BaseException] = []
+    contexts: list[Any] = []
     joined = threading.Event()
 
     def join() -> None:
         try:
-            ray.init(**kwargs)
+            contexts.append(ray.init(**kwargs))
         except BaseException as err:  # noqa: BLE001 - reported below, in the caller
             errors.append(err)
         joined.set()
@@ -199,7 +267,7 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             "cluster uses token authentication, this process needs RAY_AUTH_MODE=token and "
             "the cluster's token (RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
         )
-    return found
+    return contexts[0]
 
 
 def is_loopback_host(host: str) -> bool:
