@@ -1,6 +1,7 @@
 """Joining a Ray cluster, or starting a local one bound to loopback only.
 
-``RAY_ADDRESS`` (set by ``ray job submit``) or ``run.ray_address`` -> join that cluster.
+``RAY_ADDRESS`` (set by ``ray job submit``) or ``run.ray_address`` -> join that cluster (a GCS
+address, or the job API's URL ``http://HOST:8265``: :func:`head_of_url` finds its GCS).
 Otherwise a new single-node cluster is started whose every listening socket is on 127.0.0.1:
 Ray listens on all interfaces by default, and on Ray 2.60 only
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ``ray`` is imported, inherited by the
@@ -87,6 +88,12 @@ def connect(
     if ray.is_initialized():
         return ClusterHandle(address=None, started_local=False)
     address = resolve_address(cfg_address)
+    if address and address.startswith(("http://", "https://")):  # the job API's URL
+        source = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "run.ray_address"
+        head = head_of_url(address, source)
+        log.info("joining the Ray cluster at %s", head.where)
+        check_dashboard(ray.init(address=head.gcs), head)
+        return ClusterHandle(address=head.gcs, started_local=False)
     if address:
         log.info("joining the Ray cluster at %s", address)
         ray.init(address=address)
@@ -153,7 +160,6 @@ def find_head(address: str | None) -> HeadAddress:
     on this machine the GCS comes from the local head's address file (and the joined head's
     dashboard must be that URL's); on another host, Ray's default GCS port there, announced
     with a warning. Raises :class:`NoCluster` when there is nothing to try."""
-    from urllib.parse import urlsplit
 
     candidates = (
         ("--address", address),
@@ -168,6 +174,15 @@ def find_head(address: str | None) -> HeadAddress:
         )
     if not found.startswith(("http://", "https://")):
         return HeadAddress(found, f"{found} (from {source})")
+    return head_of_url(found, source)
+
+
+def head_of_url(found: str, source: str) -> HeadAddress:
+    """The GCS behind the job API's URL ``found`` (``http://HOST:8265``) that ``source`` gave:
+    on this machine, the local head's address file (its dashboard must be ``found``'s); on
+    another host, Ray's default GCS port there, announced with a warning."""
+    from urllib.parse import urlsplit
+
     url = urlsplit(found)
     host, dash = url.hostname or "", f"{url.hostname}:{url.port or 8265}"
     what = f"{source}={found}, the Ray dashboard's (job API's) URL"
@@ -187,6 +202,20 @@ def find_head(address: str | None) -> HeadAddress:
         gcs,
     )
     return HeadAddress(gcs, f"{gcs} (Ray's default GCS port, for {what})", dash)
+
+
+def check_dashboard(context: Any, head: HeadAddress) -> None:
+    """NoCluster (after leaving it) when the joined cluster's dashboard is not the one the
+    job API's URL named: the address file belonged to another head."""
+    import ray
+
+    joined = str(getattr(context, "dashboard_url", "") or "").removeprefix("http://")
+    if head.dashboard is not None and not _same_endpoint(joined, head.dashboard):
+        ray.shutdown()
+        raise NoCluster(
+            f"the head at {head.where} has its dashboard at {joined or 'no address'}, not "
+            f"{head.dashboard}: another head; pass --address HOST:PORT of the job's GCS"
+        )
 
 
 def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
@@ -221,14 +250,7 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
     if is_loopback_host(host):
         force_loopback()
         kwargs["_node_ip_address"] = "127.0.0.1"  # join the loopback head on loopback
-    context = _join(kwargs, where, timeout_s)
-    joined_dash = str(getattr(context, "dashboard_url", "") or "").removeprefix("http://")
-    if head.dashboard is not None and not _same_endpoint(joined_dash, head.dashboard):
-        ray.shutdown()
-        raise NoCluster(
-            f"the head at {where} has its dashboard at {joined_dash or 'no address'}, not "
-            f"{head.dashboard}: another head; pass --address HOST:PORT of the job's GCS"
-        )
+    check_dashboard(_join(kwargs, where, timeout_s), head)
     return head.gcs
 
 

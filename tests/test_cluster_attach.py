@@ -117,3 +117,31 @@ def test_the_joined_heads_dashboard_must_be_the_urls():
     assert _same_endpoint("127.0.0.1:8265", "localhost:8265")
     assert not _same_endpoint("127.0.0.1:8265", "127.0.0.1:8266")
     assert not _same_endpoint("10.0.0.1:8265", "10.0.0.2:8265")
+
+
+def test_train_joins_the_gcs_behind_a_job_api_url_in_ray_address(local_head, monkeypatch):
+    # `maskgrpo train` in a shell where RAY_ADDRESS holds the job API's URL (ray job submit's
+    # value): ray.init gets the GCS; a head whose dashboard is elsewhere is refused
+    import types
+
+    import ray
+
+    from maskgrpo_ray import ray_cluster
+
+    calls = []
+    dashboard = {"url": "127.0.0.1:8265"}
+
+    def init(address=None, **kwargs):
+        calls.append(address)
+        return types.SimpleNamespace(dashboard_url=dashboard["url"])
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    handle = ray_cluster.connect(None)
+    assert calls == ["127.0.0.1:26379"] and handle.address == "127.0.0.1:26379"
+    dashboard["url"] = "127.0.0.1:9999"
+    with pytest.raises(ConnectionError, match="dashboard at 127.0.0.1:9999, not 127.0.0.1:8265"):
+        ray_cluster.connect(None)
+    assert calls[-1] == "shutdown"
