@@ -48,12 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run Mask-GRPO training")
-    t.add_argument(
-        "--config",
-        default=None,
-        help="a YAML file or a built-in config's name, e.g. toy (maskgrpo configs list; "
-        "default: toy's values)",
-    )
+    config_help = "a YAML file or a built-in config's name, e.g. toy (maskgrpo configs list)"
+    t.add_argument("--config", default=None, help=f"{config_help}; default: toy's values")
     t.add_argument(
         "--set",
         dest="overrides",
@@ -108,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plan_cli.add_parser(sub)
     v = sub.add_parser("validate", help="check a config and print it resolved")
-    v.add_argument("--config", default=None)
+    v.add_argument("--config", default=None, help=config_help)
     v.add_argument("--set", dest="overrides", action="append", default=[])
     from maskgrpo_ray import configs_cli, prompts_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
