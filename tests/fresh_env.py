@@ -27,6 +27,7 @@ package that a declared dependency happens to bring (the ast test in
 from __future__ import annotations
 
 import email.parser
+import json
 import os
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ import sysconfig
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
-from importlib.metadata import Distribution, PackageNotFoundError, distribution, distributions
+from importlib.metadata import Distribution, PackageNotFoundError, distributions
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -84,9 +85,31 @@ def wheel_requirements(wheel: Path) -> list[Requirement]:
     return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
-def closure(reqs: list[Requirement]) -> dict[str, Distribution]:
-    """Every installed distribution ``reqs`` need, recursively (extras followed); raises when a
-    needed one is not installed here (then ``make`` did not install what the wheel declares)."""
+def clean_path() -> list[str]:
+    """``sys.path`` of a fresh interpreter of this environment: the test process's own may hold
+    more (``import ray`` appends ``ray/thirdparty_files``, whose vendored psutil would then
+    stand in for the real distribution)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
+    return [p for p in json.loads(out.stdout) if p]
+
+
+def _installed(name: str, path: list[str]) -> Distribution:
+    found = next(iter(distributions(name=name, path=path)), None)
+    if found is None:
+        raise PackageNotFoundError(name)
+    return found
+
+
+def closure(reqs: list[Requirement], path: list[str]) -> dict[str, Distribution]:
+    """Every distribution ``reqs`` need, recursively (extras followed), as installed on ``path``;
+    raises when a needed one is not installed (then ``make`` did not install what the wheel
+    declares)."""
     env = default_environment()
     found: dict[str, Distribution] = {}
     todo = [(r, frozenset(r.extras)) for r in reqs]
@@ -98,7 +121,7 @@ def closure(reqs: list[Requirement]) -> dict[str, Distribution]:
             continue
         seen.add((name, extras))
         try:
-            dist = found.get(name) or distribution(name)
+            dist = found.get(name) or _installed(name, path)
         except PackageNotFoundError:
             raise AssertionError(f"{req} is needed but not installed here") from None
         found[name] = dist
@@ -129,11 +152,12 @@ def _site_paths(dist: Distribution) -> tuple[Path, list[tuple[str, ...]]]:
 DEPTH = 3  # ownership is resolved this deep; a folder still shared there is linked file by file
 
 
-def link_plan(wanted: dict[str, Distribution]) -> list[Path]:
+def link_plan(wanted: dict[str, Distribution], path: list[str]) -> list[Path]:
     """The files and folders to link so that ``wanted`` are importable and nothing else: for
-    each wanted file, its shortest leading folder that only wanted distributions own."""
+    each wanted file, its shortest leading folder that only wanted distributions own (owners:
+    every distribution installed on ``path``)."""
     owners: dict[tuple[Path, tuple[str, ...]], set[str]] = defaultdict(set)
-    for dist in distributions():
+    for dist in distributions(path=path):
         base, parts = _site_paths(dist)
         name = _key(dist)
         for prefix in {p[:i] for p in parts for i in range(1, min(len(p), DEPTH) + 1)}:
@@ -187,12 +211,16 @@ def _console_scripts(wanted: dict[str, Distribution], bindir: Path) -> None:
 def make_fresh_env(tmp: Path) -> FreshEnv:
     """Build the wheel, the venv, the closure's links; install the wheel with the venv's pip."""
     wheel = build_wheel(tmp / "wheel")
-    wanted = closure(wheel_requirements(wheel))
+    path = clean_path()
+    wanted = closure(wheel_requirements(wheel), path)
     wanted.pop("maskgrpo-ray", None)
     exposed = tmp / "exposed"
     exposed.mkdir()
-    for src in link_plan(wanted):
+    links = link_plan(wanted, path)
+    for src in links:
         rel = src.relative_to(Path(str(_site_of(src, wanted))))
+        inside = [p for p in links if p != src and src.is_relative_to(p)]
+        assert not inside, f"{src} lies inside the linked {inside[0]}: the plan is wrong"
         (exposed / rel).parent.mkdir(parents=True, exist_ok=True)
         (exposed / rel).symlink_to(src, target_is_directory=src.is_dir())
     root = tmp / "venv"
