@@ -156,7 +156,9 @@ def test_a_pip_users_job_on_a_local_head_needs_no_working_dir(fresh, tmp_path):
     t0 = time.monotonic()
     started = subprocess.run(
         ["bash", str(ROOT / "deploy" / "start_head.sh"), "--num-cpus=4"]
-        + [f"--port={_free_port()}", f"--dashboard-port={dash}"],
+        + [f"--port={_free_port()}", f"--dashboard-port={dash}"]
+        # the job agent's HTTP port (default 52365) may be another head's on a shared machine
+        + [f"--dashboard-agent-listen-port={_free_port()}"],
         cwd=work,  # a job without a working dir starts where the head did: not in the repo
         env=env,
         capture_output=True,
@@ -167,7 +169,7 @@ def test_a_pip_users_job_on_a_local_head_needs_no_working_dir(fresh, tmp_path):
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         run_dir = work / "jobrun"
-        sets = [x for s in [*SMALL, "train.steps=8"] for x in ("--set", s)]
+        sets = [x for s in [*SMALL, "train.steps=16"] for x in ("--set", s)]
         submit = ["bash", str(ROOT / "deploy" / "submit.sh"), "--installed", "--no-wait"]
         submit += ["--address", f"http://127.0.0.1:{dash}", "--submission-id", "pip-user"]
         submit += ["--", "train", "--config", "toy", "--run-dir", str(run_dir), *sets]
@@ -193,15 +195,18 @@ def test_a_pip_users_job_on_a_local_head_needs_no_working_dir(fresh, tmp_path):
         assert status.returncode == 0, status.stderr[-3000:]
         figures = json.loads(status.stdout)
         assert figures["step"] >= 0 and len(figures["rollout_actors"]) == 1, figures
+        print(f"\nmaskgrpo status (RAY_ADDRESS={status_env['RAY_ADDRESS']}): {figures}")
         while time.monotonic() - t0 < 600 and "SUCCEEDED" not in _job(fresh, env, dash, "status"):
             assert "FAILED" not in _job(fresh, env, dash, "status")
             time.sleep(2)
-        TIMES["job: submit to SUCCEEDED (8 toy steps, Ray)"] = time.monotonic() - t0
+        TIMES["job: submit to SUCCEEDED (16 toy steps, Ray)"] = time.monotonic() - t0
         logs = _job(fresh, env, dash, "logs")
         built_in = f"{fresh.root}/lib/python3.11/site-packages/maskgrpo_ray/configs/toy.yaml"
         assert f"--config toy: the built-in config {built_in}" in logs, logs[-3000:]
+        print("job log: " + next(x for x in logs.splitlines() if "the built-in config" in x))
+        print("job log: " + logs.strip().splitlines()[-1])
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["completed"] is True and summary["steps"] == 8
+        assert summary["completed"] is True and summary["steps"] == 16
     finally:
         subprocess.run([str(fresh.bin / "ray"), "stop", "--force"], env=env, capture_output=True)
     print("\n" + "\n".join(f"{v:7.1f} s  {k}" for k, v in TIMES.items() if k.startswith("job")))
