@@ -19,12 +19,15 @@ imported when a config naming it is validated.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from maskgrpo_ray import builtin_configs
 from maskgrpo_ray.config_base import Strict
 from maskgrpo_ray.config_policy import (
     ForwardEstimatorConfig,
@@ -267,10 +270,21 @@ def read_yaml(p: Path) -> Any:
         ) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError."""
+def load_config(
+    path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None
+) -> Config:
+    """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError.
+
+    ``path``: a YAML file, a built-in config's name (``toy``: :mod:`maskgrpo_ray.builtin_configs`),
+    a config tree (a mapping, copied), or None (the defaults, which are ``toy``'s values)."""
     tree: dict[str, Any] = {}
-    if path is not None:
+    if isinstance(path, Mapping):
+        tree = copy.deepcopy(dict(path))
+    elif path is not None:
+        try:
+            path = builtin_configs.resolve(path)
+        except builtin_configs.NoSuchConfig as err:
+            raise ConfigError(str(err)) from None
         loaded = read_yaml(Path(path)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path}: the top level must be a mapping of sections")

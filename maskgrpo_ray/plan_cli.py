@@ -15,10 +15,12 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, replace
+from typing import Any
 
 from maskgrpo_ray.cost_model import (
     PROFILES,
     CostProfile,
+    SplitPlan,
     Workload,
     pipeline_ideal,
     plan_split,
@@ -112,32 +114,43 @@ def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload]:
     return profile, work
 
 
+def make_plan(args: argparse.Namespace) -> tuple[CostProfile, Workload, SplitPlan]:
+    """The profile ``args`` name (or ``--config``'s), its workload and the recommended split;
+    ValueError (one line, the fix) for a profile, GPU or option that does not exist."""
+    if getattr(args, "config", None) is not None:
+        profile, work = _from_config(args)
+    else:
+        profile = _profile(args)
+        work = Workload.of_profile(profile)
+    return profile, work, plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+
+
+def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, Any]:
+    """``maskgrpo plan --json``'s object (the Python API's ``plan`` returns it)."""
+    ideal = pipeline_ideal(plan.costs)
+    return {
+        "profile": profile.to_dict(),
+        "workload": asdict(work),
+        "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
+        "images_per_s": plan.images_per_s,
+        "work_conserving_limit": plan.limit,
+        "rollout_busy": ideal.rollout_busy_async,
+        "learner_busy": ideal.learner_busy_async,
+        "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.config is not None:
-            profile, work = _from_config(args)
-        else:
-            profile = _profile(args)
-            work = Workload.of_profile(profile)
-        plan = plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+        profile, work, plan = make_plan(args)
     except ValueError as err:
         print(f"maskgrpo plan: {err}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps(report(profile, work, plan), indent=2))
+        return 0
     ideal = pipeline_ideal(plan.costs)
     c = plan.costs
-    if args.json:
-        out = {
-            "profile": profile.to_dict(),
-            "workload": asdict(work),
-            "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
-            "images_per_s": plan.images_per_s,
-            "work_conserving_limit": plan.limit,
-            "rollout_busy": ideal.rollout_busy_async,
-            "learner_busy": ideal.learner_busy_async,
-            "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
-        }
-        print(json.dumps(out, indent=2))
-        return 0
     mode = "synchronous" if args.sync else "asynchronous (max_policy_lag >= 1)"
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
