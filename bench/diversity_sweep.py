@@ -1,129 +1,157 @@
-"""Reward against diversity on the toy world: the knobs that guard diversity, swept.
+"""Reward against diversity on the toy world: the diversity-aware advantages, swept over seeds.
 
-    .venv/bin/python bench/diversity_sweep.py [--steps 300] [--seeds 0] [--jobs 2]
-        [--out bench/results_diversity_sweep.json] [--markdown docs/diversity_table.md]
+    .venv/bin/python bench/diversity_sweep.py [--seeds 0-4] [--steps 120] [--jobs 2]
+        [--variants "none;GARDO;..."] [--fresh] [--out bench/results_diversity_sweep.json]
+        [--markdown docs/diversity_table.md]
 
-RL on image models trades diversity for reward. Each variant is ``configs/toy.yaml``
-(single-process backend) plus overrides, trained for ``--steps`` steps; the base and the tuned
-model are evaluated on the held-out prompts with 4 samples a prompt (the same evaluation sampler
-for every variant: temperature 1, Gumbel tau 0, fixed seeds), and the table gives, before ->
-after, the held-out reward and accuracy and the two diversity figures of
-``maskgrpo_ray.diversity``: the fraction of distinct images among a prompt's 4 samples and their
-mean pairwise distance in the reward's embedding space (the toy rules reward's palette cells:
-the share of cells that differ).
+RL on image models trades diversity for reward. Every variant is ``configs/toy.yaml`` on the
+single-process backend plus its overrides, trained for ``--steps`` steps on each seed; the base
+and the tuned model are evaluated on the 24 held-out prompts with 32 samples each (the same
+evaluation sampler for every variant: temperature 1, Gumbel tau 0, fixed seeds). Per variant the
+table gives, after training, the held-out accuracy and the three diversity figures of
+``maskgrpo_ray.diversity`` (distinct images of 32, mean pairwise and nearest-neighbour distance
+in the reward's embedding: the toy's palette cells, so ``1 - cos`` is the share of cells that
+differ), each as mean and 95% t-interval over the seeds, the paired difference against ``none``
+(the same config without a diversity rule) for accuracy and distinct, the lowest seed's
+figures, and the learner's and the whole step's seconds. Runs are cached per (variant, seed)
+(``bench/toy_lab.py``): a rerun with more seeds runs only the new ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import multiprocessing as mp
 import statistics
-import tempfile
+import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import toy_lab as lab  # noqa: E402
+
+TWO = (
+    "reward.components=[{kind: toy_rules, args: {terms: score, name: toy_score}}, "
+    "{kind: toy_rules, args: {terms: correct, name: toy_correct}}]"
+)
+GARDO = ["train.diversity.kind=gardo"]
+
+# name -> overrides on configs/toy.yaml
 VARIANTS: dict[str, list[str]] = {
-    "toy default (no KL, tau0=0, filter on)": [],
-    "KL 0.01": ["train.kl_coef=0.01"],
-    "KL 0.05": ["train.kl_coef=0.05"],
-    "KL 0.2": ["train.kl_coef=0.2"],
-    "KL 1.0": ["train.kl_coef=1.0"],
-    "Gumbel tau0=1 (marginal)": ["rollout.gumbel_temperature=1.0"],
-    "no filter": ["filter.enabled=false"],
+    "none": [],
+    "KL 0.05 (per token)": ["train.kl_coef=0.05"],
+    "GARDO (centred, as published)": [*GARDO, "train.advantage=centred"],
+    "GARDO on GRPO advantages": GARDO,
+    "GARDO, re-centred": [*GARDO, "train.diversity.recentre=true"],
+    "bonus 3 x nn": ["train.diversity.kind=bonus", "train.diversity.bonus_weight=3.0"],
+    "bonus 10 x nn": ["train.diversity.kind=bonus", "train.diversity.bonus_weight=10.0"],
+    "two components, summed (GRPO)": [TWO],
+    "two components, GDPO": [TWO, "train.advantage=gdpo"],
+    "anchor first 6 steps, KL 0.1": [
+        "train.unmasking_step_selection=last",
+        "train.unmasking_steps_trained=2",
+        "train.anchor_unmasking_steps=6",
+        "train.anchor_kl_coef=0.1",
+    ],
 }
-KEYS = ("eval_reward", "eval_accuracy", "eval_diversity/distinct", "eval_diversity/pairwise")
+KEYS = ("eval_accuracy", "eval_diversity/distinct", "eval_diversity/pairwise", "eval_diversity/nn")
 
 
-def run_one(job: tuple[str, int, int]) -> dict:
-    import torch
-
-    from maskgrpo_ray.cli import run_train
-    from maskgrpo_ray.config import load_config
-
-    torch.set_num_threads(1)
-    logging.basicConfig(level=logging.WARNING)
-    name, seed, steps = job
-    overrides = [
-        "run.backend=local",
-        f"run.seed={seed}",
-        f"train.steps={steps}",
-        "logging.progress_bar=false",
-        "logging.sample_grid_every_steps=0",
-        "eval.samples_per_prompt=4",
-        "eval.gumbel_temperature=0.0",
-        "eval.sampler=showo",
-        "eval.every_steps=0",
-        *VARIANTS[name],
-    ]
-    cfg = load_config(ROOT / "configs" / "toy.yaml", overrides)
-    with tempfile.TemporaryDirectory() as d:
-        t0 = time.perf_counter()
-        s = run_train(cfg, Path(d))
-        wall = time.perf_counter() - t0
-        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
-    last = rows[-10:]  # the training groups' own diversity, last 10 steps
-    train_div = statistics.fmean(r["diversity/distinct"] for r in last)
-    return {
-        "variant": name,
-        "seed": seed,
-        "base": {k: s["base_eval"].get(k) for k in KEYS},
-        "tuned": {k: s["final_eval"].get(k) for k in KEYS},
-        "train_distinct_last10": train_div,
-        "wall_seconds": wall,
-    }
+def rows_of(runs: list[dict], names: list[str], ref: str) -> list[dict]:
+    rows = []
+    for n in names:
+        rs = lab.of(runs, n)
+        if not rs:
+            continue
+        row: dict = {"variant": n, "seeds": [r["seed"] for r in rs]}
+        for k in KEYS:
+            row[k] = lab.interval([r["final"][k] for r in rs])
+            row[f"base_{k}"] = statistics.fmean(r["base"][k] for r in rs)
+        row["min_accuracy"] = min(r["final"]["eval_accuracy"] for r in rs)
+        row["min_distinct"] = min(r["final"]["eval_diversity/distinct"] for r in rs)
+        if n != ref:
+            for k in KEYS[:2]:
+                row[f"d_{k}"] = lab.interval(lab.paired(runs, n, ref, lambda r, k=k: r["final"][k]))
+        row["update_seconds"] = statistics.fmean(r["update_seconds"] for r in rs)
+        row["step_seconds"] = statistics.fmean(r["step_seconds"] for r in rs)
+        rows.append(row)
+    return rows
 
 
-def markdown(runs: list[dict], steps: int) -> str:
+def _ci(v: tuple[float, float], signed: bool = False, d: int = 3) -> str:
+    m, h = v
+    f = f"{{:{'+' if signed else ''}.{d}f}}"
+    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+
+
+def markdown(rows: list[dict], steps: int) -> str:
+    n = len(rows[0]["seeds"]) if rows else 0
     head = (
-        f"| variant ({steps} steps) | reward | accuracy | distinct images of 4 "
-        "| pairwise distance | training groups' distinct (last 10 steps) |\n"
-        "|---|---|---|---|---|---|\n"
+        f"| variant ({n} seeds, {steps} steps) | accuracy | vs none, paired | distinct of 32 "
+        "| vs none, paired | pairwise | nn | lowest seed: accuracy, distinct | learner s/step "
+        "| step s |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    lines = []
-    for r in runs:
-        b, t = r["base"], r["tuned"]
-        cells = [f"{b[k]:.3f} -> {t[k]:.3f}" for k in KEYS]
-        seed = f", seed {r['seed']}" if len({x["seed"] for x in runs}) > 1 else ""
-        lines.append(
-            f"| {r['variant']}{seed} | "
-            + " | ".join(cells)
-            + f" | {r['train_distinct_last10']:.3f} |"
+    out = []
+    for r in rows:
+        da = _ci(r["d_eval_accuracy"], True) if "d_eval_accuracy" in r else "-"
+        dd = _ci(r["d_eval_diversity/distinct"], True) if "d_eval_accuracy" in r else "-"
+        out.append(
+            f"| {r['variant']} | {_ci(r['eval_accuracy'])} | {da} | "
+            f"{_ci(r['eval_diversity/distinct'])} | {dd} | "
+            f"{_ci(r['eval_diversity/pairwise'], d=4)} | {_ci(r['eval_diversity/nn'], d=4)} | "
+            f"{r['min_accuracy']:.2f}, {r['min_distinct']:.2f} | {r['update_seconds']:.3f} | "
+            f"{r['step_seconds']:.3f} |"
         )
-    return head + "\n".join(lines) + "\n"
+    base = rows[0]
+    out.append(
+        f"| *base model* | {base['base_eval_accuracy']:.3f} | | "
+        f"{base['base_eval_diversity/distinct']:.3f} | | "
+        f"{base['base_eval_diversity/pairwise']:.4f} | {base['base_eval_diversity/nn']:.4f} | | | |"
+    )
+    return head + "\n".join(out) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seeds", default="0")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default="0-4")
+    ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results_diversity_sweep.json"))
+    ap.add_argument("--set", dest="common", action="append", default=[], help="KEY=VALUE for all")
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_diversity_sweep.json"))
     ap.add_argument("--markdown", default="")
-    args = ap.parse_args()
-    names = [n for n in args.variants.split(";") if n] or list(VARIANTS)
-    jobs = [(n, int(s), args.steps) for s in args.seeds.split(",") for n in names]
+    a = ap.parse_args()
+    names = [v for v in a.variants.split(";") if v] or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    ref = "none"
+    if ref not in names:
+        names.insert(0, ref)
+    lo, _, hi = a.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in a.seeds.split(",")]
+    extra = tuple(a.common)
+    jobs = [lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=extra) for n in names for s in seeds]
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.jobs) as pool:
-        runs = []
-        for r in pool.imap(run_one, jobs):
-            runs.append(r)
-            print(
-                f"{r['variant']:<42} seed {r['seed']}: distinct {r['base'][KEYS[2]]:.3f} -> "
-                f"{r['tuned'][KEYS[2]]:.3f}, accuracy {r['base'][KEYS[1]]:.3f} -> "
-                f"{r['tuned'][KEYS[1]]:.3f} ({r['wall_seconds']:.0f} s) "
-                f"[{len(runs)}/{len(jobs)}, {time.perf_counter() - t0:.0f} s]",
-                flush=True,
-            )
-    table = markdown(runs, args.steps)
+
+    def done(r: dict, i: int, total: int) -> None:
+        f = r["final"]
+        print(
+            f"{r['variant']:34s} seed {r['seed']}: accuracy {f['eval_accuracy']:.3f}, distinct "
+            f"{f['eval_diversity/distinct']:.3f} ({r['wall_seconds']:.0f} s) "
+            f"[{i}/{total}, {time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
+
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    rows = rows_of(runs, names, ref)
+    table = markdown(rows, a.steps)
     print(table)
-    Path(args.out).write_text(json.dumps({"steps": args.steps, "runs": runs}, indent=1) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table)
+    Path(a.out).write_text(json.dumps({"steps": a.steps, "rows": rows, "runs": runs}) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(table)
 
 
 if __name__ == "__main__":

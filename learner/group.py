@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from maskgrpo_ray.actors.base import wait_ready
 from maskgrpo_ray.actors.pool import wait_placement
 from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
-from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner
+from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner, backward_calls
 from maskgrpo_ray.settings import RunSettings
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.types import TrainBatch, shard_bounds
 
 log = logging.getLogger(__name__)
 ERROR_GRACE_S = 30.0  # after one rank's error, how long the others may take to report theirs
@@ -107,7 +106,7 @@ class LearnerGroup:
         with the references of the chunks holding its groups: each rank fetches them itself
         (``data_plane.fetch_shard``), so no rollout tensor passes through this process. Both
         give every rank the same shard. ``traffic`` counts the bytes this process moves."""
-        plan = self.planner.plan(self.version)
+        plan = self.planner.plan(self.version, batch.num_samples, batch.group_size)
         k = plan.units_per_pass
         pairs = batch.num_samples * k
         w = self.world_size
@@ -123,12 +122,13 @@ class LearnerGroup:
             shards = [batch.shard(r, w) for r in range(w)]
             sizes = [s.num_samples for s in shards]
             args = [(ray.put(shard), None) for shard in shards]
-        per_rank = [math.ceil(n * k / self.settings.update.micro_batch_pairs) for n in sizes]
+        per_rank = [backward_calls(self.settings.update, n, k) for n in sizes]
         calls = max(max(per_rank), 1)
+        n = batch.num_samples
         outs = self.gather(
             [
-                wk.update.remote(shard, plan, pairs / w, calls, refs)
-                for wk, (shard, refs) in zip(self.workers, args, strict=True)
+                wk.update.remote(shard, plan.rows(*shard_bounds(n, r, w)), pairs / w, calls, refs)
+                for r, (wk, (shard, refs)) in enumerate(zip(self.workers, args, strict=True))
             ],
             "update",
         )

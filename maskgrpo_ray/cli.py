@@ -1,5 +1,6 @@
-"""``maskgrpo`` command line: ``maskgrpo train --config FILE [--set k=v ...] [--run-dir DIR]``,
-``maskgrpo eval``, ``maskgrpo prompts``, ``maskgrpo scale|status``, ``maskgrpo validate``."""
+"""``maskgrpo`` command line: ``maskgrpo train --config FILE|NAME [--set k=v ...] [--run-dir DIR]``,
+``maskgrpo eval``, ``maskgrpo prompts``, ``maskgrpo scale|status``, ``maskgrpo validate``,
+``maskgrpo configs`` (the built-in configs: ``--config toy``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -48,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run Mask-GRPO training")
-    t.add_argument("--config", default=None, help="YAML config (default: configs/toy.yaml values)")
+    config_help = "a YAML file or a built-in config's name, e.g. toy (maskgrpo configs list)"
+    t.add_argument("--config", default=None, help=f"{config_help}; default: toy's values")
     t.add_argument(
         "--set",
         dest="overrides",
@@ -81,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument(
             "--address",
             default=None,
-            help="the job's Ray head, HOST:PORT (default: RAY_ADDRESS, else the head started "
-            "on this machine)",
+            help="the job's Ray head: HOST:PORT of its GCS, or the job API's URL "
+            "http://HOST:8265 (default: RAY_ADDRESS, else the head started on this machine)",
         )
         c.add_argument(
             "--timeout",
@@ -103,19 +105,20 @@ def _parser() -> argparse.ArgumentParser:
 
     plan_cli.add_parser(sub)
     v = sub.add_parser("validate", help="check a config and print it resolved")
-    v.add_argument("--config", default=None)
+    v.add_argument("--config", default=None, help=config_help)
     v.add_argument("--set", dest="overrides", action="append", default=[])
-    from maskgrpo_ray import prompts_cli
+    from maskgrpo_ray import configs_cli, prompts_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
 
     eval_cli.register(sub)
     prompts_cli.register(sub)
+    configs_cli.register(sub)
     d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
     d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
 
 
-def resolve_run_dir(cfg: Config, arg: str | None) -> Path:
+def resolve_run_dir(cfg: Config, arg: str | Path | None) -> Path:
     if arg:
         return Path(arg)
     if cfg.run.run_dir:
@@ -172,9 +175,25 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
         if not any(k.startswith(f"reward.components[{i}].") for k in unfetched)
     ]
     check_reward_files(fetched)
+    check_diversity_embedding(cfg, specs)
     for key in sorted(unfetched):
         log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)
     return RunPrompts(train, evals)
+
+
+def check_diversity_embedding(cfg: Config, specs: Sequence[Any]) -> None:
+    """``train.diversity`` needs a reward component with an image embedding (its per-sample
+    distances come from it): a one-line error before anything starts, naming the fix."""
+    from maskgrpo_ray.rewards.base import reward_embeds
+
+    kind = cfg.train.diversity.kind
+    if kind != "none" and not any(reward_embeds(s.kind) for s in specs):
+        raise UserError(
+            f"train.diversity.kind={kind!r}: no reward component has an image embedding "
+            f"(components: {[s.kind for s in specs]}), so there is no diversity/"
+            f"{cfg.train.diversity.measure} to use; add one that does (clip, toy_rules, "
+            "toy_geneval; weight 0 is enough) or set train.diversity.kind none"
+        )
 
 
 def run_train(
@@ -334,6 +353,10 @@ def _run(args: argparse.Namespace) -> int:
         from maskgrpo_ray import plan_cli
 
         return plan_cli.run(args)
+    if args.command == "configs":
+        from maskgrpo_ray import configs_cli
+
+        return configs_cli.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -348,25 +371,58 @@ def _run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if getattr(args, "backend", None):
         overrides.append(f"run.backend={args.backend}")
-    resume = getattr(args, "resume", None)
-    resume_dir = None if resume in (None, "auto") else Path(resume)
+    if args.command == "validate":
+        cfg = validate_command(args.config, overrides)
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return 0
+    try:
+        summary, run_dir = train_command(args.config, overrides, args.run_dir, args.resume)
+    except RunFailed as err:
+        print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    if not summary.get("completed", True):
+        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+ConfigSource = str | Path | Mapping[str, Any] | None
+
+
+def validate_command(config: ConfigSource, overrides: list[str]) -> Config:
+    """``maskgrpo validate``: the config loaded, its hub ids checked on the hub but not fetched,
+    its prompts and files checked (:func:`preflight`). Raises a UserError naming the fix."""
+    cfg, found = resolve_config(load_config(config, overrides), download=False)
+    preflight(cfg, pending_fields(found))
+    return cfg
+
+
+def train_command(
+    config: ConfigSource,
+    overrides: list[str],
+    run_dir: str | Path | None = None,
+    resume: str | Path | None = "auto",
+) -> tuple[dict[str, Any], Path]:
+    """``maskgrpo train``'s whole path (the API's ``train`` too): load the config (a resumed
+    run's saved one when ``config`` is None), resolve hub ids to local folders (fetching only
+    what ``MASKGRPO_ALLOW_DOWNLOADS`` allows), check prompts and files, find the checkpoint to
+    resume, run. Returns the summary and the run directory. Raises a UserError for bad input
+    (nothing started), :class:`RunFailed` when the run fails."""
+    resume_dir = None if resume in (None, "auto") else Path(str(resume))
     if resume_dir is not None:
         saved = resume_dir / "config.yaml"
-        if args.config is None and not saved.exists():
+        if config is None and not saved.exists():
             raise ConfigError(
                 f"--resume {resume_dir}: no complete checkpoint there ({saved} is missing "
                 "too: is it a run directory?); pass the run directory a run wrote"
             )
-        cfg = load_config(args.config or saved, overrides)
+        cfg = load_config(saved if config is None else config, overrides)
     else:
-        cfg = load_config(args.config, overrides)
-    # hub ids -> local snapshot folders, once, here (validate: fetches nothing)
-    cfg, found = resolve_config(cfg, download=args.command != "validate")
+        cfg = load_config(config, overrides)
+    cfg, found = resolve_config(cfg, download=True)  # hub ids -> local snapshot folders, once
     prompts = preflight(cfg, pending_fields(found))  # prompts and model files, before any actor
-    if args.command == "validate":
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        return 0
-    run_dir = resume_dir or resolve_run_dir(cfg, args.run_dir)
+    run_dir = resume_dir or resolve_run_dir(cfg, run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(
             f"--run-dir {run_dir}: a file is there; give a folder path (it is created if new)"
@@ -383,16 +439,7 @@ def _run(args: argparse.Namespace) -> int:
             log.info("no checkpoint at %s: starting %s from step 0", where, run_dir)
         else:
             log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
-        try:
-            summary = run_train(cfg, run_dir, resume_from, prompts)
-        except RunFailed as err:
-            print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
-            return 1
-    print(json.dumps(summary, indent=2))
-    if not summary.get("completed", True):
-        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
-    print(f"run directory: {run_dir}")
-    return 0
+        return run_train(cfg, run_dir, resume_from, prompts), run_dir
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@ imported when a config naming it is validated.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from maskgrpo_ray import builtin_configs
 from maskgrpo_ray.config_base import Strict
 from maskgrpo_ray.config_policy import (
     ForwardEstimatorConfig,
@@ -37,6 +40,7 @@ from maskgrpo_ray.config_policy import (
 )
 from maskgrpo_ray.config_run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config_training import (
+    DiversityConfig,
     FilterConfig,
     LearnerConfig,
     RewardComponent,
@@ -50,6 +54,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "DiversityConfig",
     "EvalConfig",
     "FilterConfig",
     "ForwardEstimatorConfig",
@@ -142,6 +147,19 @@ class Config(Strict):
                 f"{t.updates_per_batch} < mask_draws={fwd.mask_draws}: inner update i scores "
                 "draw i mod K, so some draws would never be trained; raise updates_per_batch "
                 "to a multiple of mask_draws or lower mask_draws"
+            )
+        if t.anchor_unmasking_steps and (est != "trajectory" or t.anchor_unmasking_steps > steps):
+            raise ValueError(
+                f"train.anchor_unmasking_steps={t.anchor_unmasking_steps}: anchoring holds the "
+                f"first unmasking steps of the trajectory estimator, so it needs "
+                f"likelihood.estimator trajectory (got {est!r}) and at most "
+                f"rollout.unmasking_steps={steps} steps; lower it or set it to 0"
+            )
+        if t.advantage == "gdpo" and len(self.reward.components) < 2:
+            raise ValueError(
+                f"train.advantage='gdpo' with {len(self.reward.components)} reward component: "
+                "GDPO normalises each component within its group before summing, which needs "
+                "two or more reward.components; use advantage 'grpo', or add a component"
             )
         ro = self.rollout
         if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":
@@ -252,10 +270,21 @@ def read_yaml(p: Path) -> Any:
         ) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError."""
+def load_config(
+    path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None
+) -> Config:
+    """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError.
+
+    ``path``: a YAML file, a built-in config's name (``toy``: :mod:`maskgrpo_ray.builtin_configs`),
+    a config tree (a mapping, copied), or None (the defaults, which are ``toy``'s values)."""
     tree: dict[str, Any] = {}
-    if path is not None:
+    if isinstance(path, Mapping):
+        tree = copy.deepcopy(dict(path))
+    elif path is not None:
+        try:
+            path = builtin_configs.resolve(path)
+        except builtin_configs.NoSuchConfig as err:
+            raise ConfigError(str(err)) from None
         loaded = read_yaml(Path(path)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path}: the top level must be a mapping of sections")

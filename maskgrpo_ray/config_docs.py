@@ -20,6 +20,7 @@ from maskgrpo_ray.config import (
     RENAMED_FIELDS,
     Config,
     DataConfig,
+    DiversityConfig,
     EvalConfig,
     FilterConfig,
     ForwardEstimatorConfig,
@@ -52,6 +53,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("reward.components[]", RewardComponent),
     ("filter", FilterConfig),
     ("train", TrainConfig),
+    ("train.diversity", DiversityConfig),
     ("learner", LearnerConfig),
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
@@ -86,9 +88,11 @@ Units are in the names. A *step* alone is a driver step (one generate-score-filt
 iteration: `train.steps`, `eval.every_steps`); the sampler's steps are *unmasking steps*
 (`rollout.unmasking_steps`) and the optimizer's are *updates* (`train.warmup_updates`).
 
-Configs shipped: `configs/toy.yaml` (the embedded default), `configs/showo_256_clip.yaml`,
-`configs/showo_512_clip.yaml` (real Show-o from local folders / HF cache, GPU cluster),
-`configs/showo_tiny_random.yaml` (the real Show-o classes with tiny random weights, CPU).
+Configs shipped: `configs/*.yaml` of the repository, installed inside the package too, so
+`--config toy` (a bare name) reads the built-in `toy.yaml` anywhere; `maskgrpo configs list`
+names them all (`toy`, the embedded default; `showo_256_clip`, `showo_512_clip`: real Show-o
+from local folders / HF cache, GPU cluster; `showo_tiny_random`: the real Show-o classes with
+tiny random weights, CPU; ...) and `maskgrpo configs copy NAME` writes one here to edit.
 """
 
 

@@ -257,6 +257,15 @@ class ForwardEstimatorConfig(Strict):
             "out of the clip band far sooner at hundreds of tokens)"
         ),
     )
+    coupling: Literal["none", "complementary"] = Field(
+        "none",
+        description=(
+            "'complementary' (coupled-GRPO, arXiv 2506.20639): draws come in pairs, the second "
+            "masking exactly the positions the first leaves, so every token is scored once per "
+            "pair (mask_draws even; the K/2 pairs' ratios follow mask_ratios, each clamped to "
+            "leave both masks non-empty)"
+        ),
+    )
 
     draws_per_update: Literal["all", "one"] = Field(
         "all",
@@ -266,6 +275,18 @@ class ForwardEstimatorConfig(Strict):
             "MaskGRPO on MMaDA (set updates_per_batch to a multiple of mask_draws)"
         ),
     )
+
+    @model_validator(mode="after")
+    def _coupled(self) -> ForwardEstimatorConfig:
+        if self.coupling == "complementary" and (
+            self.mask_draws % 2 or self.mask_ratios == "step_focus"
+        ):
+            raise ValueError(
+                f"likelihood.forward.coupling='complementary' with mask_draws={self.mask_draws} "
+                f"and mask_ratios={self.mask_ratios!r}: the draws come in complementary pairs, "
+                "so mask_draws must be even and mask_ratios stratified or uniform"
+            )
+        return self
 
     @model_validator(mode="after")
     def _range(self) -> ForwardEstimatorConfig:

@@ -184,6 +184,7 @@ class RunConfig(Strict):
                     f"run.storage={self.storage!r}: fsspec knows no protocol {protocol!r}; use a "
                     "path or a URL such as s3://bucket/prefix (see fsspec.available_protocols())"
                 )
+            _check_storage_package(self.storage, protocol)
         secret = sorted(k for k in self.storage_options if k.lower() in _SECRET_OPTIONS)
         if secret:
             raise ValueError(
@@ -192,6 +193,23 @@ class RunConfig(Strict):
                 "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE)"
             )
         return self
+
+
+def _check_storage_package(storage: str, protocol: str) -> None:
+    """ValueError (one line, the install command) when ``protocol``'s fsspec implementation
+    lives in a package that is not installed (s3fs for ``s3://``: the ``s3`` extra)."""
+    import importlib.util
+
+    from fsspec.registry import known_implementations
+
+    from maskgrpo_ray.extras import EXTRAS, install_hint
+
+    impl = known_implementations.get(protocol, {})
+    package = str(impl.get("class", "")).split(".")[0]
+    if not package or importlib.util.find_spec(package) is not None:
+        return
+    fix = install_hint(package) if package in EXTRAS else f"pip install {package}"
+    raise ValueError(f"run.storage={storage!r} needs the {package!r} package: {fix}")
 
 
 _SECRET_OPTIONS = {"key", "secret", "token", "password", "session_token", "access_key"}

@@ -76,6 +76,59 @@ class FilterConfig(Strict):
         return self
 
 
+class DiversityConfig(Strict):
+    """Diversity-aware advantages (``train.diversity``): keep a prompt's images varied while the
+    reward goes up (docs/diversity.md)."""
+
+    kind: Literal["none", "gardo", "bonus"] = Field(
+        "none",
+        description=(
+            "none: advantages from the reward alone; gardo: each positive advantage times the "
+            "sample's diversity over its group's mean (GARDO, arXiv 2512.24138), negative ones "
+            "unchanged; bonus: bonus_weight x the sample's diversity added to its reward before "
+            "the advantage (group-relative, since the advantage centres each group)"
+        ),
+    )
+    measure: Literal["nn", "pairwise"] = Field(
+        "nn",
+        description=(
+            "the per-sample diversity it uses, in the reward's embedding (CLIP image features; "
+            "the toy's palette cells): nn, 1 - cos to the nearest other member of the group "
+            "(diversity/nn, GARDO's); pairwise, the mean 1 - cos to the others "
+            "(diversity/pairwise)"
+        ),
+    )
+    bonus_weight: float = Field(
+        0.0, ge=0, description="kind bonus: the weight of the diversity added to the reward"
+    )
+    recentre: bool = Field(
+        False,
+        description=(
+            "kind gardo: subtract each group's mean from the scaled advantages, so the group's "
+            "update is zero-sum again: credit moves from repeated good images to novel ones "
+            "(a repeat of a good image gets a negative advantage) instead of being dropped"
+        ),
+    )
+    gardo_normalize: Literal["group", "positive"] = Field(
+        "group",
+        description=(
+            "kind gardo: the mean the diversity is divided by: group (GARDO's: every member) "
+            "or positive (the members with a positive advantage: the positive advantages are "
+            "only redistributed towards the ones that stand apart, their sum's scale kept)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _bonus(self) -> DiversityConfig:
+        if self.kind == "bonus" and self.bonus_weight <= 0:
+            raise ValueError(
+                "train.diversity.kind='bonus' with bonus_weight=0 adds nothing; set "
+                "train.diversity.bonus_weight > 0 (the toy: 1-10, on the scale of the reward "
+                "per unit of 1 - cos) or kind 'none'"
+            )
+        return self
+
+
 class TrainConfig(Strict):
     """The update: driver steps, optimizer, clipped GRPO objective and its guards."""
 
@@ -118,11 +171,51 @@ class TrainConfig(Strict):
     advantage_eps: float = Field(
         1e-4, gt=0, description="eps of A = (r - mean) / (std + eps) (Eq. 12)"
     )
-    unmasking_step_selection: Literal["all", "first", "last", "random"] = Field(
-        "all", description="which unmasking steps are trained (computational reduction)"
+    advantage: Literal["grpo", "centred", "gdpo"] = Field(
+        "grpo",
+        description=(
+            "grpo: A = (r - mean) / (std + eps) per group (Eq. 12); centred: A = r - mean "
+            "(GARDO's, Dr. GRPO's); gdpo: each reward component normalised within its group, "
+            "their weighted sum normalised over the batch (GDPO, arXiv 2601.05242; needs two "
+            "or more reward.components)"
+        ),
+    )
+    diversity: DiversityConfig = Field(
+        default_factory=DiversityConfig, description="diversity-aware advantages"
+    )
+    unmasking_step_selection: Literal[
+        "all", "first", "last", "random", "group_random", "window"
+    ] = Field(
+        "all",
+        description=(
+            "which unmasking steps are trained (computational reduction): all; the first or "
+            "last k; random: k drawn per update for the whole batch; group_random: k drawn "
+            "anew for each group and update, every sample of a group on the same steps "
+            "(iso-temporal, Flash-GRPO); window: k consecutive steps whose start slides one "
+            "step every unmasking_window_shift_updates updates, early to late, then again "
+            "(MixGRPO)"
+        ),
     )
     unmasking_steps_trained: int = Field(
-        0, ge=0, description="k, unmasking steps trained by first/last/random selection"
+        0,
+        ge=0,
+        description="k, unmasking steps trained by first/last/random/group_random/window",
+    )
+    unmasking_window_shift_updates: int = Field(
+        1, ge=1, description="window selection: updates before the window moves one step"
+    )
+    anchor_unmasking_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "m: the first m unmasking steps are trained towards the base model only (a k3 KL "
+            "of their transitions, weight anchor_kl_coef, no reward advantage): where a masked "
+            "model decides what goes where, held to the base's spread while the reward trains "
+            "the late steps (trajectory estimator; docs/diversity.md)"
+        ),
+    )
+    anchor_kl_coef: float = Field(
+        0.0, ge=0, description="beta of the anchored steps' KL to the base (per transition)"
     )
     micro_batch_pairs_per_gpu: int = Field(
         256, ge=1, description="(sample, unmasking step) pairs per forward pass, per learner rank"
@@ -130,6 +223,16 @@ class TrainConfig(Strict):
     updates_per_batch: int = Field(
         1, ge=1, description="optimizer updates (passes) over each driver step's batch"
     )
+
+    @model_validator(mode="after")
+    def _anchor(self) -> TrainConfig:
+        if (self.anchor_unmasking_steps > 0) != (self.anchor_kl_coef > 0):
+            raise ValueError(
+                f"train.anchor_unmasking_steps={self.anchor_unmasking_steps} with "
+                f"train.anchor_kl_coef={self.anchor_kl_coef}: anchoring needs both a number of "
+                "steps and a KL weight; set both (e.g. 2 and 0.1) or both to 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lr(self) -> TrainConfig:

@@ -234,6 +234,7 @@ class Workload:
     units_per_sample: int  # trained units per pass: S x trained share, or K
     updates_per_batch: int = 1
     scoring_passes: int = 0  # rollout passes per image after the S steps (forward: K old log-probs)
+    estimator: str = ""  # the config's ("trajectory" | "forward"); "" when from a profile
 
     @property
     def images(self) -> int:
@@ -269,6 +270,31 @@ class StepCosts:
     r: float  # rollout GPU-seconds per image
     l: float  # learner GPU-seconds per image  # noqa: E741 - the issue's name
     images: int  # trained per step (B x G)
+
+
+def workload_of(cfg: Any) -> Workload:
+    """The step a run config (:class:`maskgrpo_ray.config.Config`) runs, in the cost model's
+    terms: its B, G, S, the units trained per sample and pass (the unmasking-step selection's
+    ``k``, or the mask draws, one with ``draws_per_update: one``) and the inner updates."""
+    from maskgrpo_ray.settings import settings_from_config
+
+    up = settings_from_config(cfg).update
+    forward = cfg.likelihood.estimator == "forward"
+    if up.cycle_units:
+        units = 1
+    elif up.step_selection == "all":
+        units = up.num_steps
+    else:
+        units = up.steps_trained
+    return Workload(
+        prompts_per_step=cfg.train.prompts_per_step,
+        samples_per_prompt=cfg.rollout.samples_per_prompt,
+        unmasking_steps=cfg.rollout.unmasking_steps,
+        units_per_sample=units,
+        updates_per_batch=up.updates_per_batch,
+        scoring_passes=cfg.likelihood.forward.mask_draws if forward else 0,
+        estimator=cfg.likelihood.estimator,
+    )
 
 
 def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int) -> StepCosts:

@@ -136,8 +136,10 @@ def _jsonl_records(path: Path, column: str | None) -> list[PromptRecord]:
 
 
 def _parquet_records(path: Path, column: str | None) -> list[PromptRecord]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from maskgrpo_ray.extras import require
+
+    pa = require("pyarrow", f"the Parquet prompt file {path}")
+    pq = require("pyarrow.parquet", f"the Parquet prompt file {path}")
 
     try:
         schema = pq.read_schema(path)

@@ -35,6 +35,7 @@ from maskgrpo_ray.recovery import (
     RunFailed,
     StepAbandoned,
 )
+from maskgrpo_ray.settings import advantage_settings
 from maskgrpo_ray.step_figures import (
     StepOutcome,
     closing_figures,
@@ -97,7 +98,7 @@ def run_step(
     if col.kept is not None:
         keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
         with timer("advantages"):
-            tb = make_train_batch(col.kept, keep, cfg.train.advantage_eps)
+            tb = make_train_batch(col.kept, keep, advantage_settings(cfg))
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):

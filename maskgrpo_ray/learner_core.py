@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
-from maskgrpo_ray.algo.grpo import select_train_steps
-from maskgrpo_ray.learner_loss import accumulate_gradients, pad_loss
+from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, select_train_steps
+from maskgrpo_ray.learner_loss import Anchor, accumulate_gradients, pad_loss
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
 from maskgrpo_ray.types import TrainBatch
@@ -60,7 +61,7 @@ def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.O
 def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImagePolicy | None:
     """A frozen copy of the base policy for the KL term, or None when ``kl_coef`` is 0. A LoRA
     policy's reference is itself with the adapter disabled (no second copy of the weights)."""
-    if s.kl_coef <= 0:
+    if s.kl_coef <= 0 and s.anchor_coef <= 0:
         return None
     from maskgrpo_ray.lora import AdapterDisabled, has_adapter
 
@@ -97,23 +98,37 @@ class LearnerLost(RuntimeError):
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """What one update trains: the same on every rank."""
+    """What one update trains: the same on every rank (a rank gets its rows of
+    ``sample_units``, :meth:`rows`)."""
 
     train_steps: torch.Tensor  # [K] long, units trained: unmasking steps, or mask draws
     learning_rate: float
     cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
+    # [N, K] long: per-sample units (group_random: a group's rows alike); None: train_steps
+    sample_units: torch.Tensor | None = None
 
     @property
     def units_per_pass(self) -> int:
-        """Units each optimizer update (pass over the batch) trains."""
+        """Units each optimizer update (pass over the batch) trains, per sample."""
+        if self.sample_units is not None:
+            return int(self.sample_units.shape[1])
         return 1 if self.cycle else len(self.train_steps)
 
     def units_for_pass(self, i: int) -> torch.Tensor:
-        """The units inner update ``i`` trains: all of them, or one in turn (``cycle``)."""
+        """The units inner update ``i`` trains: all of them, or one in turn (``cycle``);
+        ``[N, K]`` when they differ by sample."""
+        if self.sample_units is not None:
+            return self.sample_units
         if not self.cycle:
             return self.train_steps
         k = i % len(self.train_steps)
         return self.train_steps[k : k + 1]
+
+    def rows(self, start: int, stop: int) -> UpdatePlan:
+        """The plan of samples ``start .. stop - 1`` (a learner rank's share of the batch)."""
+        if self.sample_units is None:
+            return self
+        return replace(self, sample_units=self.sample_units[start:stop])
 
 
 class UpdatePlanner:
@@ -123,10 +138,28 @@ class UpdatePlanner:
         self.settings = s
         self.generator = torch.Generator().manual_seed(s.seed + 1)
 
-    def plan(self, update: int) -> UpdatePlan:
+    def plan(self, update: int, num_samples: int = 0, group_size: int = 1) -> UpdatePlan:
+        """The plan of the ``update``-th update (0-based) of a batch of ``num_samples``
+        samples in groups of ``group_size`` (needed by per-group selections only)."""
         s = self.settings
-        steps = select_train_steps(s.num_steps, s.step_selection, s.steps_trained, self.generator)
-        return UpdatePlan(steps, learning_rate_at(s, update), s.cycle_units)
+        lr = learning_rate_at(s, update)
+        if s.step_selection in PER_GROUP_SELECTIONS:
+            if num_samples % group_size:
+                raise ValueError(f"{num_samples} samples do not split into groups of {group_size}")
+            per_group = select_group_steps(
+                s.num_steps, s.steps_trained, num_samples // group_size, self.generator
+            )  # [B, K]
+            units = per_group.repeat_interleave(group_size, dim=0)  # [N, K]
+            return UpdatePlan(torch.arange(0), lr, s.cycle_units, units)
+        steps = select_train_steps(
+            s.num_steps,
+            s.step_selection,
+            s.steps_trained,
+            self.generator,
+            update=update,
+            window_shift=s.window_shift,
+        )
+        return UpdatePlan(steps, lr, s.cycle_units)
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -235,6 +268,22 @@ def apply_update(
     return {**metrics, **first, "learning_rate": plan.learning_rate}
 
 
+def anchor_of(s: UpdateSettings) -> Anchor | None:
+    """The anchored units of ``train.anchor_unmasking_steps`` (None: no anchoring)."""
+    if s.anchor_steps <= 0:
+        return None
+    return Anchor(torch.arange(s.anchor_steps), s.anchor_coef, s.guards.kl_clamp)
+
+
+def backward_calls(s: UpdateSettings, num_samples: int, units_per_pass: int) -> int:
+    """Micro-batches (backward calls) one pass over ``num_samples`` samples takes: the trained
+    pairs', then the anchored ones'."""
+    calls = math.ceil(num_samples * units_per_pass / s.micro_batch_pairs)
+    if s.anchor_steps > 0:
+        calls += math.ceil(num_samples * s.anchor_steps / s.micro_batch_pairs)
+    return calls
+
+
 def _optimizer_step(
     opt: Optimizing,
     batch: TrainBatch,
@@ -266,6 +315,7 @@ def _optimizer_step(
         normalizer=normalizer,
         guards=s.guards,
         autocast=s.autocast,
+        anchor=anchor_of(s),
     )
 
     def replay() -> torch.Tensor | None:

@@ -11,6 +11,7 @@ single-process trainer and on every DeepSpeed rank alike.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ def pair_query(
             units,
             codebook_size,
             batch.forward_reduction,
+            batch.forward_coupling,
         )
     assert batch.unmask_step is not None
     sampled = batch.sampled[samples, units].to(device) if batch.sampled is not None else None
@@ -107,8 +109,15 @@ def abs_log_ratio_stats(abs_lr: torch.Tensor, steps: torch.Tensor) -> dict[str, 
 
 
 def train_pairs(batch: TrainBatch, train_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All (sample, step) pairs trained this update: long ``[M]`` each, sample-major."""
+    """All (sample, unit) pairs trained this update: long ``[M]`` each, sample-major.
+    ``train_steps``: long ``[K]`` (every sample trains the same units) or ``[N, K]`` (per
+    sample)."""
     n = batch.num_samples
+    if train_steps.dim() == 2:
+        if train_steps.shape[0] != n:
+            raise ValueError(f"per-sample units {tuple(train_steps.shape)} for {n} samples")
+        k = train_steps.shape[1]
+        return torch.arange(n).repeat_interleave(k), train_steps.reshape(-1)
     samples = torch.arange(n).repeat_interleave(len(train_steps))
     steps = train_steps.repeat(n)
     return samples, steps
@@ -128,6 +137,7 @@ def accumulate_gradients(
     normalizer: float | None = None,
     guards: LossGuards | None = None,
     autocast: str = "off",
+    anchor: Anchor | None = None,
 ) -> dict[str, float]:
     """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
 
@@ -138,8 +148,9 @@ def accumulate_gradients(
     The loss of each micro-batch is divided by the number of pairs of the whole update
     (``normalizer``; default this batch's), so the accumulated gradient is that of the mean.
     ``backward`` defaults to ``loss.backward()`` (a DeepSpeed engine passes its own).
-    Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over this
-    call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank).
+    ``anchor``: units trained towards the reference only (:class:`Anchor`), after the trained
+    pairs. Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over
+    this call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank).
     """
     guards = guards or LossGuards()
     samples, steps = train_pairs(batch, train_steps)
@@ -147,28 +158,78 @@ def accumulate_gradients(
     sums = {"loss": 0.0, "ratio_mean": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "kl": 0.0}
     abs_lr = []
     with_ref = ref_policy if kl_coef > 0 else None
+    step = backward or (lambda x: x.backward())
     for start in range(0, len(samples), micro_batch):
         s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
         loss, m, lr = _micro_batch_loss(
-            policy,
-            with_ref,
-            batch,
-            s,
-            t,
-            guards,
-            bf16=autocast == "bf16",
-            clip=(clip_low, clip_high),
-            kl_coef=kl_coef,
-            normalizer=total,
-        )
-        (backward or (lambda x: x.backward()))(loss)
+            policy, with_ref, batch, s, t, guards, bf16=autocast == "bf16",
+            clip=(clip_low, clip_high), kl_coef=kl_coef, normalizer=total,
+        )  # fmt: skip
+        step(loss)
         abs_lr.append(lr)
         sums["loss"] += float(loss.detach())
         for k in ("ratio_mean", "clip_frac", "dual_clip_frac", "kl"):
             sums[k] += m[k] * len(s) / total
     if abs_lr:
         sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
+    if anchor is not None and ref_policy is not None and len(anchor.units):
+        per_sample = train_steps.shape[-1]  # units per sample: [K] or [N, K]
+        sums["anchor_kl"] = _anchor_gradients(
+            policy, ref_policy, batch, anchor, micro_batch, total / max(per_sample, 1),
+            step, autocast,
+        )  # fmt: skip
     return sums
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Units trained towards the reference policy only: each (sample, unit) pair contributes
+    ``coef * k3(log pi_ref - log pi)`` of its transition (no reward advantage), averaged over
+    the anchor pairs. ``train.anchor_unmasking_steps``: the first unmasking steps, where a masked
+    model decides what goes where, held to the base model while the reward trains the late
+    ones."""
+
+    units: torch.Tensor  # [A] long
+    coef: float
+    clamp: float | None = None
+
+
+def _anchor_gradients(
+    policy: MaskedImagePolicy,
+    ref_policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    anchor: Anchor,
+    micro_batch: int,
+    per_unit: float,
+    step: Any,
+    autocast: str,
+) -> float:
+    """Backpropagate the anchor's KL over its pairs, normalised by the update's anchor pairs
+    per rank (``per_unit``, the update's samples per rank, times the anchored units); returns
+    the mean k3 over this call's anchor pairs."""
+    samples, units = train_pairs(batch, anchor.units)
+    normalizer = per_unit * len(anchor.units)
+    guards = LossGuards(kl_clamp=anchor.clamp, kl_normalization="per_transition")
+    zero = torch.zeros(batch.num_samples)
+    total_kl = 0.0
+    for start in range(0, len(samples), micro_batch):
+        s, t = samples[start : start + micro_batch], units[start : start + micro_batch]
+        loss, m, _ = _micro_batch_loss(
+            policy,
+            ref_policy,
+            batch,
+            s,
+            t,
+            guards,
+            bf16=autocast == "bf16",
+            clip=(0.0, 0.0),
+            kl_coef=anchor.coef,
+            normalizer=normalizer,
+            advantages=zero,
+        )
+        step(loss)
+        total_kl += m["kl"] * len(s)
+    return total_kl / max(len(samples), 1)
 
 
 def pad_loss(
@@ -206,6 +267,7 @@ def _micro_batch_loss(
     clip: tuple[float, float],
     kl_coef: float,
     normalizer: float,
+    advantages: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """The clipped loss of the (sample, unit) pairs ``samples``, ``units`` (long ``[M]``), its
     metrics and ``|log pi - log pi_old|`` float ``[M]`` on the CPU. The policy (with grad) and
@@ -229,7 +291,7 @@ def _micro_batch_loss(
     loss, metrics = grpo_loss(
         logp,
         old,
-        batch.advantages[samples].to(dev),
+        (batch.advantages if advantages is None else advantages)[samples].to(dev),
         clip_low=clip[0],
         clip_high=clip[1],
         ref_logp=ref,

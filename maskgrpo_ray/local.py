@@ -100,7 +100,7 @@ class LocalExecutor:
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """The learner's update (``learner_core.apply_update``) run in this process."""
-        plan = self.planner.plan(self.policy_version)
+        plan = self.planner.plan(self.policy_version, batch.num_samples, batch.group_size)
         m = apply_update(
             self.optimizing, batch, plan, self.settings.update, ref_policy=self.ref_policy
         )

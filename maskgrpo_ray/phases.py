@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.algo.advantages import diversity_advantages
 from maskgrpo_ray.algo.estimators import (
     ForwardSettings,
     focus_step_counts,
@@ -23,9 +24,11 @@ from maskgrpo_ray.algo.grpo import group_advantages, group_std
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.diversity import group_diversity, reward_embedding
+from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.learner_loss import unit_log_probs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
+from maskgrpo_ray.settings import AdvantageSettings
 from maskgrpo_ray.types import (  # FilterResult: the message, importable from here too
     FilterResult,
     RewardResult,
@@ -141,6 +144,7 @@ def _forward_units(
             torch.full((n,), k),
             policy.codebook_size,
             forward.reduction,
+            forward.coupling,
         )
         old.append(unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query))
     return replace(
@@ -153,6 +157,7 @@ def _forward_units(
         mask_seed=seeds,
         mask_counts=counts,
         forward_reduction=forward.reduction,
+        forward_coupling=forward.coupling,
     )
 
 
@@ -300,14 +305,54 @@ def filter_rewards(rewards: torch.Tensor, g: int, filt: StdHistoryFilter | None)
 
 
 def make_train_batch(
-    scored: ScoredBatch, keep: torch.Tensor, advantage_eps: float
+    scored: ScoredBatch, keep: torch.Tensor, advantage: AdvantageSettings | float
 ) -> TrainBatch | TrainRefs:
-    """Advantages per group (Eq. 12) for the kept groups: a ``TrainBatch``, or on Ray (the
-    rollout left in the object store) a ``data_plane.TrainRefs`` that the learner ranks turn
-    into their shards themselves."""
-    rb = scored.rollout.group_slice(keep)
-    rewards = scored.rewards.view(-1, rb.group_size)[keep].view(-1)
-    adv = group_advantages(rewards, rb.group_size, advantage_eps)
+    """Advantages per group for the kept groups (:func:`batch_advantages`): a ``TrainBatch``,
+    or on Ray (the rollout left in the object store) a ``data_plane.TrainRefs`` that the learner
+    ranks turn into their shards themselves. ``advantage``: the rule, or a float ``eps`` for
+    plain GRPO (Eq. 12)."""
+    kept = scored.groups(keep)
+    rb = kept.rollout
+    if isinstance(advantage, float):
+        adv = group_advantages(kept.rewards, rb.group_size, advantage)
+    else:
+        adv = batch_advantages(kept, advantage)
     if isinstance(rb, RolloutRefs):
         return TrainRefs(rb, adv)
+    assert isinstance(rb, RolloutBatch)  # in-process: the rollout itself
     return TrainBatch.from_rollout(rb, adv)
+
+
+def batch_advantages(scored: ScoredBatch, s: AdvantageSettings) -> torch.Tensor:
+    """The advantages ``[N]`` of ``scored``'s groups under ``s`` (``train.advantage``,
+    ``train.diversity``; :func:`maskgrpo_ray.algo.advantages.diversity_advantages`). The
+    diversity figure and the reward parts are the reward actors' (``ScoredBatch.diversity``,
+    ``reward_parts``): no extra pass over the images."""
+    g = scored.rollout.group_size
+    distance = None
+    if s.diversity != "none":
+        if s.measure not in scored.diversity:
+            raise UserError(
+                f"train.diversity.kind={s.diversity!r} needs the per-sample {s.measure!r}, "
+                "which only a reward component with an image embedding gives (clip, toy_rules, "
+                "toy_geneval); add one (weight 0 is enough) or set train.diversity.kind none"
+            )
+        distance = scored.diversity[s.measure]
+    parts = weights = None
+    if s.kind == "gdpo":
+        names = list(s.component_weights)
+        parts = torch.stack([scored.reward_parts[n].float() for n in names])  # [C, N]
+        weights = torch.tensor([s.component_weights[n] for n in names])
+    return diversity_advantages(
+        scored.rewards,
+        g,
+        kind=s.kind,
+        diversity=s.diversity,
+        distance=distance,
+        bonus_weight=s.bonus_weight,
+        gardo_over=s.gardo_over,
+        recentre=s.recentre,
+        parts=parts,
+        weights=weights,
+        eps=s.eps,
+    )

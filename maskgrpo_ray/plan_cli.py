@@ -15,10 +15,12 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, replace
+from typing import Any
 
 from maskgrpo_ray.cost_model import (
     PROFILES,
     CostProfile,
+    SplitPlan,
     Workload,
     pipeline_ideal,
     plan_split,
@@ -37,6 +39,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts-per-step", type=int, default=None, help="B (default: profile's)")
     p.add_argument("--sync", action="store_true", help="plan the synchronous loop (lag 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="take the workload from a run config (B, G, S, the unmasking steps or mask draws "
+        "trained, inner updates, estimator) and, for model.kind showo or sim, the profile",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --config: override a config field (repeatable)",
+    )
 
 
 def _profile(args: argparse.Namespace) -> CostProfile:
@@ -72,35 +88,75 @@ def _profile(args: argparse.Namespace) -> CostProfile:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
+def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload]:
+    """The profile and the workload of ``--config``: the config's step, with the profile named
+    by ``--profile``, else the sim model's own, else Show-o's at the config's resolution on
+    ``--gpu``."""
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.cost_model import workload_of
+
+    cfg = load_config(args.config, args.overrides)
+    work = workload_of(cfg)
+    if args.profile is None and cfg.model.kind == "sim":
+        from maskgrpo_ray.models.sim import sim_settings
+
+        profile = sim_settings(cfg.model).cost_profile()
+    elif args.profile is None and cfg.model.kind == "showo":
+        args.model, args.resolution = "showo", cfg.model.showo.resolution_px
+        profile = _profile(args)
+    elif args.profile is not None:
+        profile = _profile(args)
+    else:
+        raise ValueError(
+            f"--config {args.config}: model.kind {cfg.model.kind!r} has no cost profile; give "
+            f"--profile NAME ({', '.join(sorted(PROFILES))})"
+        )
+    return profile, work
+
+
+def make_plan(args: argparse.Namespace) -> tuple[CostProfile, Workload, SplitPlan]:
+    """The profile ``args`` name (or ``--config``'s), its workload and the recommended split;
+    ValueError (one line, the fix) for a profile, GPU or option that does not exist."""
+    if getattr(args, "config", None) is not None:
+        profile, work = _from_config(args)
+    else:
         profile = _profile(args)
         work = Workload.of_profile(profile)
-        plan = plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+    return profile, work, plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+
+
+def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, Any]:
+    """``maskgrpo plan --json``'s object (the Python API's ``plan`` returns it)."""
+    ideal = pipeline_ideal(plan.costs)
+    return {
+        "profile": profile.to_dict(),
+        "workload": asdict(work),
+        "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
+        "images_per_s": plan.images_per_s,
+        "work_conserving_limit": plan.limit,
+        "rollout_busy": ideal.rollout_busy_async,
+        "learner_busy": ideal.learner_busy_async,
+        "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profile, work, plan = make_plan(args)
     except ValueError as err:
         print(f"maskgrpo plan: {err}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps(report(profile, work, plan), indent=2))
+        return 0
     ideal = pipeline_ideal(plan.costs)
     c = plan.costs
-    if args.json:
-        out = {
-            "profile": profile.to_dict(),
-            "workload": asdict(work),
-            "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
-            "images_per_s": plan.images_per_s,
-            "work_conserving_limit": plan.limit,
-            "rollout_busy": ideal.rollout_busy_async,
-            "learner_busy": ideal.learner_busy_async,
-            "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
-        }
-        print(json.dumps(out, indent=2))
-        return 0
     mode = "synchronous" if args.sync else "asynchronous (max_policy_lag >= 1)"
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
         f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
         f"S={work.unmasking_steps}, {work.pairs_per_sample} trained pairs per sample "
-        f"({profile.estimator}); {mode}"
+        f"({work.estimator or profile.estimator}); {mode}"
     )
     print(
         f"per image: rollout r={c.r:.3f} GPU-s, learner l={c.l:.3f} GPU-s; weight sync "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,7 +29,13 @@ def register(sub: Any) -> None:
         default="geneval",
         help="geneval: GenEval-style templates; a prompt set's name (toy): that set's --split",
     )
-    m.add_argument("--n", type=int, default=1000, help="prompts to make (geneval)")
+    m.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="prompts to make (geneval, default 1000); a prompt set (toy): that many of the "
+        "split, drawn with --seed (default: all)",
+    )
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tags", default=None, help="comma-separated GenEval tags (default: all)")
     m.add_argument(
@@ -74,6 +81,20 @@ def write_prompts(path: Path, metas: list[dict[str, Any]]) -> None:
         path.write_text("".join(m["prompt"] + "\n" for m in metas))
 
 
+def _subset(metas: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--n`` of a prompt set's split: that many, drawn with ``--seed``, in the split's order;
+    ValueError (one line) when the split has fewer."""
+    if args.n is None:
+        return metas
+    if not 1 <= args.n <= len(metas):
+        raise ValueError(
+            f"--n {args.n}: the {args.kind} set's {args.split} split has {len(metas)} prompts; "
+            f"give --n from 1 to {len(metas)}, or leave it out for all of them"
+        )
+    keep = sorted(random.Random(args.seed).sample(range(len(metas)), args.n))
+    return [metas[i] for i in keep]
+
+
 def make(args: argparse.Namespace) -> int:
     from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.prompt_gen import make_geneval_prompts, prompt_set_metadata
@@ -85,13 +106,13 @@ def make(args: argparse.Namespace) -> int:
                 f"--kind {args.kind} writes a split of that prompt set as it is; --exclude and "
                 "--tags are for --kind geneval (a set's splits are disjoint already)"
             )
-        metas = prompt_set_metadata(args.kind, args.split)
+        metas = _subset(prompt_set_metadata(args.kind, args.split), args)
     else:
         held: list[PromptRecord] = []
         if args.exclude:
             held = load_prompt_records(args.exclude, "eval", column=args.prompt_column).records
         metas = make_geneval_prompts(
-            args.n,
+            1000 if args.n is None else args.n,
             seed=args.seed,
             tags=[t.strip() for t in args.tags.split(",") if t.strip()] if args.tags else None,
             exclude_prompts=[r.text for r in held],

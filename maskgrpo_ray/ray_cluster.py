@@ -1,6 +1,7 @@
 """Joining a Ray cluster, or starting a local one bound to loopback only.
 
-``RAY_ADDRESS`` (set by ``ray job submit``) or ``run.ray_address`` -> join that cluster.
+``RAY_ADDRESS`` (set by ``ray job submit``) or ``run.ray_address`` -> join that cluster (a GCS
+address, or the job API's URL ``http://HOST:8265``: :func:`head_of_url` finds its GCS).
 Otherwise a new single-node cluster is started whose every listening socket is on 127.0.0.1:
 Ray listens on all interfaces by default, and on Ray 2.60 only
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ``ray`` is imported, inherited by the
@@ -87,6 +88,12 @@ def connect(
     if ray.is_initialized():
         return ClusterHandle(address=None, started_local=False)
     address = resolve_address(cfg_address)
+    if address and address.startswith(("http://", "https://")):  # the job API's URL
+        source = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "run.ray_address"
+        head = head_of_url(address, source)
+        log.info("joining the Ray cluster at %s", head.where)
+        check_dashboard(ray.init(address=head.gcs), head)
+        return ClusterHandle(address=head.gcs, started_local=False)
     if address:
         log.info("joining the Ray cluster at %s", address)
         ray.init(address=address)
@@ -134,23 +141,26 @@ def use_token_if_present() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
-    """Join a *running* cluster for ``maskgrpo status`` / ``scale``, or fail in one line.
+GCS_DEFAULT_PORT = 6379
 
-    The address is found as ``ray job submit`` finds it: ``address`` (``--address``), then
-    ``RAY_ADDRESS``, then the local head's own address file. A head bound to loopback (as
-    ``docs/operations.md`` starts it) is joined on loopback. The GCS port is probed first
-    (a refused or silent port fails within ``timeout_s``), and the join itself is given
-    ``timeout_s`` too. Returns the address joined; raises :class:`NoCluster` naming the
-    address tried, where it came from and how to point elsewhere.
-    """
-    import socket
-    import threading
 
-    import ray
+@dataclass(frozen=True)
+class HeadAddress:
+    """Where ``status`` / ``scale`` look for the job's head."""
 
-    if ray.is_initialized():
-        return "(already connected)"
+    gcs: str  # HOST:PORT of the GCS, joined with ray.init
+    where: str  # for messages: the value and where it came from
+    dashboard: str | None = None  # HOST:PORT the joined head's dashboard must be at
+
+
+def find_head(address: str | None) -> HeadAddress:
+    """The GCS to join, found as ``ray job submit`` finds its head: ``address`` (``--address``),
+    then ``RAY_ADDRESS``, then the local head's own address file. The job API's URL
+    (``http://HOST:8265``, the value ``ray job submit`` takes) names the dashboard, not the GCS:
+    on this machine the GCS comes from the local head's address file (and the joined head's
+    dashboard must be that URL's); on another host, Ray's default GCS port there, announced
+    with a warning. Raises :class:`NoCluster` when there is nothing to try."""
+
     candidates = (
         ("--address", address),
         ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")),
@@ -162,8 +172,71 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             "no running Ray cluster found (no --address, no RAY_ADDRESS, no head started on "
             "this machine); start the job first, or pass --address HOST:PORT of its head"
         )
-    where = f"{found} (from {source})"
-    host, _, port = found.removeprefix("ray://").rpartition(":")
+    if not found.startswith(("http://", "https://")):
+        return HeadAddress(found, f"{found} (from {source})")
+    return head_of_url(found, source)
+
+
+def head_of_url(found: str, source: str) -> HeadAddress:
+    """The GCS behind the job API's URL ``found`` (``http://HOST:8265``) that ``source`` gave:
+    on this machine, the local head's address file (its dashboard must be ``found``'s); on
+    another host, Ray's default GCS port there, announced with a warning."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(found)
+    host, dash = url.hostname or "", f"{url.hostname}:{url.port or 8265}"
+    what = f"{source}={found}, the Ray dashboard's (job API's) URL"
+    if is_loopback_host(host):
+        local = _local_head_address()
+        if not local:
+            raise NoCluster(
+                f"{what}: no head was started on this machine (no address file); start the "
+                "job's head, or pass --address HOST:PORT of its GCS (ray start --port)"
+            )
+        return HeadAddress(local, f"{local} (the local head's address file, for {what})", dash)
+    gcs = f"{host}:{GCS_DEFAULT_PORT}"
+    log.warning(
+        "%s: joining the GCS at %s (Ray's default port on that host; pass --address HOST:PORT "
+        "if the head was started with another --port)",
+        what,
+        gcs,
+    )
+    return HeadAddress(gcs, f"{gcs} (Ray's default GCS port, for {what})", dash)
+
+
+def check_dashboard(context: Any, head: HeadAddress) -> None:
+    """NoCluster (after leaving it) when the joined cluster's dashboard is not the one the
+    job API's URL named: the address file belonged to another head."""
+    import ray
+
+    joined = str(getattr(context, "dashboard_url", "") or "").removeprefix("http://")
+    if head.dashboard is not None and not _same_endpoint(joined, head.dashboard):
+        ray.shutdown()
+        raise NoCluster(
+            f"the head at {head.where} has its dashboard at {joined or 'no address'}, not "
+            f"{head.dashboard}: another head; pass --address HOST:PORT of the job's GCS"
+        )
+
+
+def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOUT_S) -> str:
+    """Join a *running* cluster for ``maskgrpo status`` / ``scale``, or fail in one line.
+
+    The head is found by :func:`find_head` (``--address``, ``RAY_ADDRESS`` (a GCS address or
+    the job API's URL), the local head's address file). A head bound to loopback (as
+    ``docs/operations.md`` starts it) is joined on loopback. The GCS port is probed first (a
+    refused or silent port fails within ``timeout_s``), and the join itself is given
+    ``timeout_s`` too. Returns the address joined; raises :class:`NoCluster` naming the
+    address tried, where it came from and how to point elsewhere.
+    """
+    import socket
+
+    import ray
+
+    if ray.is_initialized():
+        return "(already connected)"
+    head = find_head(address)
+    where = head.where
+    host, _, port = head.gcs.removeprefix("ray://").rpartition(":")
     if not port.isdigit():
         raise NoCluster(f"{where}: not HOST:PORT of a Ray head's GCS; pass --address HOST:PORT")
     try:
@@ -173,16 +246,33 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             f"no Ray head answers at {where}: {err.strerror or err}; start the job's cluster, "
             "or point --address / RAY_ADDRESS at its head (HOST:6379)"
         ) from None
-    kwargs: dict[str, Any] = {"address": found, "namespace": namespace, "log_to_driver": False}
+    kwargs: dict[str, Any] = {"address": head.gcs, "namespace": namespace, "log_to_driver": False}
     if is_loopback_host(host):
         force_loopback()
         kwargs["_node_ip_address"] = "127.0.0.1"  # join the loopback head on loopback
+    check_dashboard(_join(kwargs, where, timeout_s), head)
+    return head.gcs
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """``127.0.0.1:8265`` and ``localhost:8265`` are the same loopback endpoint."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    return pa == pb and (ha == hb or (is_loopback_host(ha) and is_loopback_host(hb)))
+
+
+def _join(kwargs: dict[str, Any], where: str, timeout_s: float) -> Any:
+    """``ray.init(**kwargs)`` within ``timeout_s`` (a thread: a join can hang), or NoCluster."""
+    import threading
+
+    import ray
+
     errors: list[BaseException] = []
+    contexts: list[Any] = []
     joined = threading.Event()
 
     def join() -> None:
         try:
-            ray.init(**kwargs)
+            contexts.append(ray.init(**kwargs))
         except BaseException as err:  # noqa: BLE001 - reported below, in the caller
             errors.append(err)
         joined.set()
@@ -199,7 +289,7 @@ def attach(address: str | None, namespace: str, timeout_s: float = ATTACH_TIMEOU
             "cluster uses token authentication, this process needs RAY_AUTH_MODE=token and "
             "the cluster's token (RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
         )
-    return found
+    return contexts[0]
 
 
 def is_loopback_host(host: str) -> bool:

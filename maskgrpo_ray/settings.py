@@ -78,7 +78,24 @@ class UpdateSettings:
     adam_betas: tuple[float, float]
     seed: int  # the run's seed; the step-selection stream is seeded from it
     cycle_units: bool = False  # inner update i trains unit i mod U only (forward: one draw)
+    window_shift: int = 1  # window selection: updates per one-step move of the window
+    anchor_steps: int = 0  # the first m unmasking steps trained towards the reference only
+    anchor_coef: float = 0.0  # beta of their k3 (per transition)
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """How the driver turns a step's kept groups into advantages (``phases.make_train_batch``)."""
+
+    kind: str  # "grpo" | "centred" | "gdpo"
+    diversity: str  # "none" | "gardo" | "bonus"
+    measure: str  # "diversity/nn" | "diversity/pairwise": the per-sample figure diversity uses
+    bonus_weight: float
+    gardo_over: str  # "group" | "positive"
+    recentre: bool  # gardo: the scaled advantages centred per group again
+    eps: float
+    component_weights: dict[str, float]  # reward part name -> weight (GDPO)
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,7 @@ class RunSettings:
     reward_resources: ActorResources
     rollout_healing: PoolHealing
     reward_healing: PoolHealing
+    advantage: AdvantageSettings
 
 
 _S = TypeVar("_S", bound="DataclassInstance")
@@ -230,6 +248,9 @@ def _update_settings(cfg: Config, forward: ForwardSettings | None) -> UpdateSett
         ),
         seed=cfg.run.seed,
         cycle_units=forward is not None and cfg.likelihood.forward.draws_per_update == "one",
+        window_shift=t.unmasking_window_shift_updates,
+        anchor_steps=t.anchor_unmasking_steps,
+        anchor_coef=t.anchor_kl_coef,
         autocast=cfg.learner.autocast,
     )
 
@@ -264,6 +285,25 @@ def _resources(section: RolloutConfig | RewardConfig) -> ActorResources:
     )
 
 
+def advantage_settings(cfg: Config) -> AdvantageSettings:
+    """The advantage rule of ``train.advantage`` and ``train.diversity``; the GDPO component
+    weights keyed by each component's name in ``ScoredBatch.reward_parts`` (``args.name``, else
+    its kind)."""
+    t = cfg.train
+    return AdvantageSettings(
+        kind=t.advantage,
+        diversity=t.diversity.kind,
+        measure=f"diversity/{t.diversity.measure}",
+        bonus_weight=t.diversity.bonus_weight,
+        gardo_over=t.diversity.gardo_normalize,
+        recentre=t.diversity.recentre,
+        eps=t.advantage_eps,
+        component_weights={
+            str(c.args.get("name", c.kind)): c.weight for c in cfg.reward.components
+        },
+    )
+
+
 def settings_from_config(cfg: Config) -> RunSettings:
     """Build every role's settings from the validated config (the one place that reads it)."""
     rollout = _rollout_settings(cfg)
@@ -279,4 +319,5 @@ def settings_from_config(cfg: Config) -> RunSettings:
         reward_resources=_resources(cfg.reward),
         rollout_healing=_healing(cfg.rollout),
         reward_healing=_healing(cfg.reward),
+        advantage=advantage_settings(cfg),
     )

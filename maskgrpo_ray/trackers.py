@@ -26,15 +26,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from maskgrpo_ray.extras import install_hint
+
 log = logging.getLogger(__name__)
 
 TrackerName = Literal["tensorboard", "wandb", "mlflow"]
 TrackerArgs = Mapping[TrackerName, Mapping[str, Any]]
 
-PIP = {  # tracker -> (module to import, the pin in requirements.txt)
-    "tensorboard": ("tensorboard", "tensorboard==2.21.0"),
-    "wandb": ("wandb", "wandb==0.31.0"),
-    "mlflow": ("mlflow", "mlflow-skinny==3.17.2"),
+MODULE = {  # tracker -> the module its library is imported as (extra: maskgrpo_ray.extras)
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
 }
 ARGS = {  # tracker -> the settings logging.tracker_args may give it
     "tensorboard": ("log_dir",),
@@ -50,11 +52,11 @@ def check_installed(names: Sequence[TrackerName]) -> None:
     for name in names:
         if names.count(name) > 1:
             raise ValueError(f"{name!r} is named twice; name each tracker once")
-        module, pin = PIP[name]
+        module = MODULE[name]
         if importlib.util.find_spec(module) is None:
             raise ValueError(
                 f"tracker {name!r} is named but the {module!r} package is not installed; "
-                f"pip install {pin} (or drop {name!r} from logging.trackers)"
+                f"{install_hint(module)} (or drop {name!r} from logging.trackers)"
             )
 
 

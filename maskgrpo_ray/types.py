@@ -129,6 +129,7 @@ class RolloutBatch:
     mask_seed: torch.Tensor | None = None  # [N] long, forward: each sample's mask seed
     mask_counts: torch.Tensor | None = None  # [N, K] long, forward: tokens each draw masks
     forward_reduction: str = "mean"  # forward: "mean" | "sum" over the masked positions
+    forward_coupling: str = "none"  # forward: "complementary": draws 2j, 2j+1 complementary
 
     def without_images(self) -> RolloutBatch:
         """The same rollout with ``images`` emptied to ``[N, 0, 0, 3]`` (what the driver needs:
@@ -214,7 +215,7 @@ class RolloutBatch:
                         "cannot concatenate rollouts made with different tau schedules"
                     )
                 cat[f.name] = vals[0]
-            elif f.name in ("estimator", "forward_reduction", "transition"):
+            elif f.name in ("estimator", "forward_reduction", "forward_coupling", "transition"):
                 if any(v != vals[0] for v in vals):
                     raise ValueError(f"cannot concatenate rollouts with different {f.name}s")
                 cat[f.name] = vals[0]
@@ -346,6 +347,7 @@ class TrainBatch:
     mask_seed: torch.Tensor | None = None  # [N] long (forward estimator)
     mask_counts: torch.Tensor | None = None  # [N, K] long (forward estimator)
     forward_reduction: str = "mean"
+    forward_coupling: str = "none"
 
     @property
     def num_samples(self) -> int:
@@ -371,6 +373,7 @@ class TrainBatch:
             mask_seed=rb.mask_seed,
             mask_counts=rb.mask_counts,
             forward_reduction=rb.forward_reduction,
+            forward_coupling=rb.forward_coupling,
         ).validate()
 
     def validate(self) -> TrainBatch:

@@ -392,3 +392,38 @@ def test_one_draw_per_inner_update_equals_updates_on_each_draw_in_turn():
                 "train.updates_per_batch=2",
             ],
         )
+
+
+def test_complementary_pairs_score_every_token_exactly_once_per_pair():
+    fwd = ForwardSettings(
+        num_draws=4,
+        ratio_min=0.2,
+        ratio_max=1.0,
+        ratio_rule="uniform",
+        reduction="sum",
+        coupling="complementary",
+    )
+    seeds = torch.tensor([3, 11, 2**40 + 7])
+    counts = mask_counts(seeds, fwd, 16)  # [N, K]
+    assert ((counts[:, 0::2] + counts[:, 1::2]) == 16).all()  # each pair covers L
+    assert (counts >= 1).all() and (counts <= 15).all()  # and neither mask is empty
+    for j in (0, 2):
+        draws = torch.full((3,), j)
+        a = forward_masks(seeds, draws, counts[:, j], 16, "complementary")
+        b = forward_masks(seeds, draws + 1, counts[:, j + 1], 16, "complementary")
+        assert not (a & b).any() and (a | b).all()  # disjoint, and together every position
+        # the first of a pair is the uncoupled mask: coupling changes only the second draw
+        assert torch.equal(a, forward_masks(seeds, draws, counts[:, j], 16))
+    # the coupled batch's ratio is 1 before the first update (rollout and learner agree)
+    policy = _toy()
+    _, batch = _forward_batch(policy, fwd)
+    assert batch.forward_coupling == "complementary"
+    samples, draws = train_pairs(batch, torch.arange(4))
+    with torch.no_grad():
+        logp = pair_log_probs(policy, batch, samples, draws)
+    torch.testing.assert_close(logp, batch.old_logp[samples, draws], rtol=0, atol=5e-5)
+    with pytest.raises(ConfigError, match="mask_draws must be even"):
+        load_config(
+            "configs/toy.yaml",
+            ["likelihood.forward.coupling=complementary", "likelihood.forward.mask_draws=3"],
+        )

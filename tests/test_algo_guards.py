@@ -125,6 +125,7 @@ def test_pair_num_tokens_counts_the_likelihoods_tokens():
             mask_seed=torch.tensor([7]),
             mask_counts=torch.tensor([[2, 5, 1]]),
             forward_reduction=reduction,
+            forward_coupling="none",
         )
         q = pair_query(batch, samples, steps, codebook_size=4)
         torch.testing.assert_close(q.num_tokens, _t(*expect))

@@ -69,3 +69,79 @@ def test_status_joins_a_loopback_head_and_fails_fast_without_it(tmp_path):
     assert "no running Ray cluster found" in lines[0] or "no Ray head answers" in lines[0], lines
     assert took < 120  # the interpreter's start and imports included; no wait on the cluster
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------- RAY_ADDRESS as the job API's URL
+
+
+@pytest.fixture
+def local_head(monkeypatch):
+    """A stand-in for the local head's address file (the module reads it through one call)."""
+    from maskgrpo_ray import ray_cluster
+
+    state = {"address": "127.0.0.1:26379"}
+    monkeypatch.setattr(ray_cluster, "_local_head_address", lambda: state["address"])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return state
+
+
+def test_the_job_api_url_on_this_machine_means_the_local_heads_gcs(local_head, monkeypatch):
+    from maskgrpo_ray.ray_cluster import HeadAddress, find_head
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what the docs give ray job submit
+    head = find_head(None)
+    assert head.gcs == "127.0.0.1:26379" and head.dashboard == "127.0.0.1:8265"
+    assert "the local head's address file, for RAY_ADDRESS=http://127.0.0.1:8265" in head.where
+    # --address wins over RAY_ADDRESS; a GCS address is taken as it is
+    assert find_head("10.0.0.5:6379") == HeadAddress(
+        "10.0.0.5:6379", "10.0.0.5:6379 (from --address)"
+    )
+    assert find_head("http://localhost:9000").dashboard == "localhost:9000"
+    local_head["address"] = None
+    with pytest.raises(ConnectionError, match="no head was started on this machine"):
+        find_head(None)
+
+
+def test_the_job_api_url_of_another_host_tries_its_default_gcs_port_and_says_so(local_head, caplog):
+    from maskgrpo_ray.ray_cluster import find_head
+
+    head = find_head("https://head.example:8443")
+    assert head.gcs == "head.example:6379" and head.dashboard == "head.example:8443"
+    (record,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "joining the GCS at head.example:6379 (Ray's default port" in record.getMessage()
+
+
+def test_the_joined_heads_dashboard_must_be_the_urls():
+    from maskgrpo_ray.ray_cluster import _same_endpoint
+
+    assert _same_endpoint("127.0.0.1:8265", "localhost:8265")
+    assert not _same_endpoint("127.0.0.1:8265", "127.0.0.1:8266")
+    assert not _same_endpoint("10.0.0.1:8265", "10.0.0.2:8265")
+
+
+def test_train_joins_the_gcs_behind_a_job_api_url_in_ray_address(local_head, monkeypatch):
+    # `maskgrpo train` in a shell where RAY_ADDRESS holds the job API's URL (ray job submit's
+    # value): ray.init gets the GCS; a head whose dashboard is elsewhere is refused
+    import types
+
+    import ray
+
+    from maskgrpo_ray import ray_cluster
+
+    calls = []
+    dashboard = {"url": "127.0.0.1:8265"}
+
+    def init(address=None, **kwargs):
+        calls.append(address)
+        return types.SimpleNamespace(dashboard_url=dashboard["url"])
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    handle = ray_cluster.connect(None)
+    assert calls == ["127.0.0.1:26379"] and handle.address == "127.0.0.1:26379"
+    dashboard["url"] = "127.0.0.1:9999"
+    with pytest.raises(ConnectionError, match="dashboard at 127.0.0.1:9999, not 127.0.0.1:8265"):
+        ray_cluster.connect(None)
+    assert calls[-1] == "shutdown"

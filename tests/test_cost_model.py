@@ -136,3 +136,26 @@ def test_plan_cli_prints_the_split_and_refuses_unknown_gpus(capsys):
     assert main(["plan", "--model", "showo", "--gpu", "TPUv9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "TPUv9" in err[0] and "H100" in err[0]
+
+
+def test_plan_takes_the_workload_from_a_config(capsys):
+    # the Show-o 512 config as it is: its B, G, S and all 50 steps trained, the 512 profile
+    assert main(["plan", "--config", "configs/showo_512_clip.yaml", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["workload"]["units_per_sample"] == 50 and full["workload"]["unmasking_steps"] == 50
+    assert full["profile"]["name"] == "showo_512_h100" and full["recommended"]["rollout_gpus"] == 4
+    # training 10 of the 50 steps: l = 10 x 23.81 ms, r unchanged (S x 6.94 ms): the limit is
+    # n / (r + l) = 16 / (0.347 + 0.238)
+    sets = ["--set", "train.unmasking_step_selection=group_random"]
+    sets += ["--set", "train.unmasking_steps_trained=10"]
+    assert main(["plan", "--config", "configs/showo_512_clip.yaml", *sets, "--json"]) == 0
+    cheap = json.loads(capsys.readouterr().out)
+    assert cheap["workload"]["units_per_sample"] == 10
+    p = PROFILES["showo_512_h100"]
+    want = 16 / (50 * p.rollout_seconds_per_image_step + 10 * p.learner_seconds_per_pair)
+    assert cheap["work_conserving_limit"] == pytest.approx(want, rel=1e-9)
+    assert cheap["images_per_s"] > full["images_per_s"]
+    # the toy has no cost profile: one line naming the fix
+    assert main(["plan", "--config", "configs/toy.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--profile" in err[0]

@@ -26,6 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "ray_cluster.yaml"
 RUNTIME_ENV = ROOT / "deploy" / "runtime_env.yaml"
+RUNTIME_ENV_INSTALLED = ROOT / "deploy" / "runtime_env_installed.yaml"
+DOCKERFILE_WHEEL = ROOT / "deploy" / "Dockerfile.wheel"
 SUBMIT = ROOT / "deploy" / "submit.sh"
 RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -250,6 +252,60 @@ def test_submit_sh_refuses_without_token_auth(tmp_path, env, message):
     out = _submit("--dry-run", env=env, home=tmp_path)
     assert out.returncode == 2 and message in out.stderr
     assert out.stdout == ""
+
+
+# --------------------------------------------------------------------------- installed with pip
+
+
+def test_submit_sh_installed_uploads_nothing_and_names_a_built_in_config(tmp_path):
+    from maskgrpo_ray import builtin_configs
+
+    out = _submit("--installed", "--dry-run", env={"RAY_AUTH_TOKEN": "t"}, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    cmd = shlex.split(out.stdout)
+    assert cmd[:3] == ["ray", "job", "submit"] and "--working-dir" not in cmd
+    assert cmd[cmd.index("--runtime-env") + 1] == "deploy/runtime_env_installed.yaml"
+    args = cmd[cmd.index("--") + 1 :]
+    assert args == ["maskgrpo", "train", "--config", "showo_512_clip"]
+    assert args[-1] in builtin_configs.names()  # read from the nodes' installed package
+    out = _submit(
+        "--installed", "--dry-run", "--", "status", env={"RAY_AUTH_TOKEN": "t"}, home=tmp_path
+    )
+    assert shlex.split(out.stdout)[-2:] == ["maskgrpo", "status"]
+
+
+def test_installed_runtime_env_ships_nothing_and_keeps_the_job_env_vars(monkeypatch, tmp_path):
+    from ray.runtime_env import RuntimeEnv
+
+    env = _load_yaml(RUNTIME_ENV_INSTALLED)
+    monkeypatch.chdir(tmp_path)  # nothing in it is relative to a checkout
+    RuntimeEnv(**env)
+    assert set(env) == {"env_vars"}  # no working_dir, py_modules, pip, uv or conda
+    assert env["env_vars"] == _load_yaml(RUNTIME_ENV)["env_vars"]
+
+
+def test_the_wheel_image_installs_the_wheel_alone_at_the_tested_pins():
+    import tomllib
+
+    text = DOCKERFILE_WHEEL.read_text()
+    assert (
+        re.search(r"^FROM\s+(\S+)", text, re.M).group(1).startswith(f"rayproject/ray:{_ray_pin()}-")
+    )
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    wheel = re.search(r"^ARG WHEEL=(\S+)$", text, re.M).group(1)
+    assert wheel == f"maskgrpo_ray-{version}-py3-none-any.whl"
+    run = " ".join(text.split("RUN ", 1)[1].split())
+    assert "pip install --no-cache-dir -c /tmp/maskgrpo-pins/requirements.txt" in run
+    assert "--no-deps -r /tmp/maskgrpo-pins/requirements-nodeps.txt" in run
+    assert "-e ." not in text and "COPY . ." not in text.replace("--chown=ray:users ", "")
+    ignore = [x for x in (ROOT / "deploy" / "Dockerfile.wheel.dockerignore").read_text().splitlines()
+              if x and not x.startswith("#")]  # fmt: skip
+    assert ignore == [
+        "*",
+        "!dist/maskgrpo_ray-*.whl",
+        "!requirements.txt",
+        "!requirements-nodeps.txt",
+    ]
 
 
 # --------------------------------------------------------------------------- KubeRay

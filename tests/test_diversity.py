@@ -11,6 +11,7 @@ import torch
 from maskgrpo_ray import toyworld
 from maskgrpo_ray.diversity import (
     DISTINCT,
+    NEAREST,
     PAIRWISE,
     distinct_first,
     group_diversity,
@@ -85,6 +86,9 @@ def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch
     for r in rows:
         assert 1 / 6 <= r[DISTINCT] <= 1.0, r  # G = 6: at least one distinct image a group
         assert 0.0 <= r[PAIRWISE] <= 1.0, r
+        assert 0.0 <= r[NEAREST] <= r[PAIRWISE] + 1e-6, r  # the nearest is at most the mean
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"eval_{NEAREST}" in summary["base_eval"] and f"eval_{NEAREST}" in summary["final_eval"]
     out = tmp_path / "eval"
     rc = main(
         ["eval", "--weights", "base", "--out", str(out), "--backend", "local"]
@@ -95,7 +99,8 @@ def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch
     means = report["means"]["base"]
     assert 0.25 <= means[DISTINCT] <= 1.0 and 0.0 <= means[PAIRWISE] <= 1.0, means
     md = (out / "report.md").read_text()
-    assert DISTINCT in md and PAIRWISE in md
+    assert DISTINCT in md and PAIRWISE in md and NEAREST in md
+    assert 0.0 <= means[NEAREST] <= means[PAIRWISE] + 1e-6
     print({k: v for k, v in means.items() if k.startswith("diversity")})
 
 
@@ -105,3 +110,4 @@ def test_group_diversity_of_identical_groups_is_minimal(g):
     out = group_diversity(images, g, ToyRuleReward(GRID).embed)
     assert out[DISTINCT].view(2, g).mean(-1).tolist() == pytest.approx([1 / g, 1 / g])
     assert out[PAIRWISE].tolist() == [0.0] * (2 * g)
+    assert out[NEAREST].tolist() == [0.0] * (2 * g)

@@ -242,6 +242,42 @@ def test_train_downloads_once_then_hits_the_cache_and_actors_get_local_folders(h
     assert hub.requests == [("GET", "/api/models/tiny/amused/revision/main")]  # main -> commit
 
 
+TRAIN_API = """
+import json, sys
+from maskgrpo_ray import cli
+import maskgrpo_ray as mg
+seen = {}
+def run_train(cfg, run_dir, resume_from=None, prompts=None):
+    seen["cfg"] = cfg.model_dump(mode="json")
+    return {"completed": True}
+cli.run_train = run_train
+out = mg.train("configs/amused_tiny_random.yaml", sys.argv[2:], run_dir=sys.argv[1])
+print("SUMMARY " + json.dumps(out))
+print("CONFIG " + json.dumps(seen["cfg"]))
+"""
+
+
+def test_the_python_api_trains_on_the_same_path_hub_ids_resolved(hub, tmp_path):
+    """``maskgrpo_ray.train`` resolves hub ids to snapshot folders before the run starts, as
+    ``maskgrpo train`` does (issue 34: ``cli.run_train`` alone skipped the resolution)."""
+    env = _env(tmp_path / "hf", hub.url)
+    sets = ["model.args.path=hf://tiny/amused@main", "reward.components=[{kind: toy_rules}]"]
+    out = subprocess.run(
+        [sys.executable, "-c", TRAIN_API, str(tmp_path / "run"), *sets],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    snap = tmp_path / "hf" / "hub" / "models--tiny--amused" / "snapshots" / COMMIT
+    cfg = json.loads(out.stdout.split("CONFIG ", 1)[1])
+    assert cfg["model"]["args"]["path"] == str(snap)
+    summary = json.loads(out.stdout.split("SUMMARY ", 1)[1].split("\n", 1)[0])
+    assert summary == {"completed": True, "run_dir": str(tmp_path / "run")}
+
+
 def test_offline_with_an_empty_cache_is_one_line(hub, tmp_path):
     hub.requests.clear()
     out = _resolve("hf://tiny/amused@main", _env(tmp_path / "hf", hub.url, offline=True))

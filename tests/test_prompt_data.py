@@ -453,6 +453,21 @@ def test_prompts_make_and_check(tmp_path, capsys):
     ]
 
 
+def test_prompts_make_of_the_toy_set_honours_n_and_seed(tmp_path, capsys):
+    full = load_prompt_records("toy", "train").records
+    out = tmp_path / "five.jsonl"
+    argv = ["prompts", "make", "--kind", "toy", "--n", "5", "--seed", "7", "--out", str(out)]
+    assert run_cli(argv) == 0
+    got = [(r.text, r.meta) for r in load_prompt_records(str(out)).records]
+    keep = sorted(random.Random(7).sample(range(len(full)), 5))  # --seed's draw, split order
+    assert got == [(full[i].text, full[i].meta) for i in keep]
+    assert capsys.readouterr().out.startswith(f"wrote 5 prompts to {out}")
+    again = tmp_path / "again.jsonl"
+    assert run_cli([*argv[:-1], str(again)]) == 0 and again.read_text() == out.read_text()
+    assert run_cli(["prompts", "make", "--kind", "toy", "--out", str(out)]) == 0  # no --n: all
+    assert len(load_prompt_records(str(out)).records) == len(full) > 5
+
+
 def test_prompts_check_counts_drops(tmp_path, capsys):
     (tmp_path / "p.jsonl").write_text(f'{json.dumps(META[0])}\n{json.dumps(META[0])}\n"a cat"\n')
     assert run_cli(["prompts", "check", str(tmp_path / "p.jsonl")]) == 0
@@ -469,6 +484,8 @@ def test_prompts_check_counts_drops(tmp_path, capsys):
         (["make", "--n", "3", "--out", "{d}/p.csv"], ["p.csv", ".jsonl"]),
         (["make", "--n", "3", "--tags", "colour", "--out", "{d}/p.txt"], ["unknown tags"]),
         (["make", "--kind", "toy", "--tags", "colors", "--out", "{d}/p.txt"], ["--kind geneval"]),
+        (["make", "--kind", "toy", "--n", "500", "--out", "{d}/p.txt"], ["--n 500", "has 72"]),
+        (["make", "--kind", "toy", "--n", "0", "--out", "{d}/p.txt"], ["--n 0", "from 1 to 72"]),
         (["make", "--n", "3", "--exclude", "{d}/nope.jsonl", "--out", "{d}/p.txt"], ["nope.jsonl"]),
     ],
 )

@@ -217,7 +217,7 @@ def test_a_named_tracker_that_is_not_installed_fails_validation_with_the_pip_com
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1, lines
     assert "logging.trackers" in lines[0] and "'mlflow'" in lines[0]
-    assert "pip install mlflow-skinny==3.17.2" in lines[0]
+    assert "pip install 'maskgrpo-ray[trackers]'" in lines[0]
     assert not (tmp_path / "run").exists()  # failed before anything started
 
 

@@ -33,6 +33,7 @@ from maskgrpo_ray.algo.transition import step_log_prob
 ESTIMATORS: tuple[str, ...] = ("trajectory", "forward")
 MASK_RATIO_RULES: tuple[str, ...] = ("stratified", "uniform", "step_focus")
 REDUCTIONS: tuple[str, ...] = ("mean", "sum")
+COUPLINGS: tuple[str, ...] = ("none", "complementary")
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio odd constant: decorrelates (seed, draw) streams
 _RATIO_STREAM = 1 << 20  # the draw index reserved for a sample's ratio draws
 
@@ -46,6 +47,7 @@ class ForwardSettings:
     ratio_max: float  # largest share
     ratio_rule: str  # "stratified" | "uniform" | "step_focus"
     reduction: str  # "mean" | "sum" over the masked positions
+    coupling: str = "none"  # "complementary": draws 2j, 2j+1 mask complementary position sets
 
     def __post_init__(self) -> None:
         if self.num_draws < 1:
@@ -58,6 +60,15 @@ class ForwardSettings:
             raise ValueError(f"ratio_rule must be one of {MASK_RATIO_RULES}: {self.ratio_rule!r}")
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}: {self.reduction!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}: {self.coupling!r}")
+        if self.coupling == "complementary" and (
+            self.num_draws % 2 or self.ratio_rule == "step_focus"
+        ):
+            raise ValueError(
+                "complementary coupling needs an even num_draws and the stratified or uniform "
+                f"ratio rule, got {self.num_draws}, {self.ratio_rule!r}"
+            )
 
 
 def _stream_seed(seed: int, draw: int) -> int:
@@ -91,6 +102,15 @@ def mask_counts(
         if focus_counts is None or focus_counts.shape != (n, k):
             raise ValueError(f"step_focus needs focus_counts [N={n}, K={k}]")
         return focus_counts.long().clamp(1, num_tokens)
+    if s.coupling == "complementary":  # K / 2 ratios; each pair's second mask the complement
+        first = _rule_counts(seeds, s, k // 2, num_tokens).clamp(1, num_tokens - 1)  # [N, K/2]
+        return torch.stack([first, num_tokens - first], dim=2).view(n, k)
+    return _rule_counts(seeds, s, k, num_tokens)
+
+
+def _rule_counts(seeds: torch.Tensor, s: ForwardSettings, k: int, num_tokens: int) -> torch.Tensor:
+    """``k`` mask counts per sample under the stratified or uniform rule: long ``[N, k]``."""
+    n = seeds.shape[0]
     if s.ratio_rule == "stratified":
         steps = (torch.arange(k, dtype=torch.float64) + 1) / k
         ratios = (s.ratio_min + (s.ratio_max - s.ratio_min) * steps).expand(n, k)  # [N, K]
@@ -104,7 +124,11 @@ def mask_counts(
 
 
 def forward_masks(
-    seeds: torch.Tensor, draws: torch.Tensor, counts: torch.Tensor, num_tokens: int
+    seeds: torch.Tensor,
+    draws: torch.Tensor,
+    counts: torch.Tensor,
+    num_tokens: int,
+    coupling: str = "none",
 ) -> torch.Tensor:
     """The re-masked positions of (sample, draw) pairs: bool ``[M, L]``, on the CPU.
 
@@ -113,20 +137,26 @@ def forward_masks(
         draws: long ``[M]``, the draw index ``k``.
         counts: long ``[M]``, positions to mask (``c_k`` of the pair's sample).
         num_tokens: ``L``.
+        coupling: ``"complementary"`` (coupled-GRPO, arXiv 2506.20639): an odd draw ``2j + 1``
+            masks the positions its pair's draw ``2j`` leaves (with ``counts`` complementary,
+            as :func:`mask_counts` gives them), so every token is scored exactly once per pair.
 
     Returns:
         Pair ``m`` masks the ``counts[m]`` positions with the smallest of ``L`` uniforms drawn
         from a CPU generator seeded by ``(seeds[m], draws[m])`` alone: a uniformly random subset
-        of that size, the same whatever the other pairs, the device or the process.
+        of that size, the same whatever the other pairs, the device or the process. Coupled, an
+        odd draw masks the ``counts[m]`` *largest* of its pair's uniforms: the complement.
     """
     m = seeds.shape[0]
     out = torch.zeros(m, num_tokens, dtype=torch.bool)
+    coupled = coupling == "complementary"
     for row, (seed, draw, count) in enumerate(
         zip(seeds.tolist(), draws.tolist(), counts.tolist(), strict=True)
     ):
-        g = torch.Generator().manual_seed(_stream_seed(seed, draw))
+        second = coupled and draw % 2 == 1
+        g = torch.Generator().manual_seed(_stream_seed(seed, draw - 1 if second else draw))
         order = torch.rand(num_tokens, generator=g).argsort()
-        out[row, order[:count]] = True
+        out[row, order[num_tokens - count :] if second else order[:count]] = True
     return out
 
 
@@ -230,6 +260,7 @@ def forward_query(
     draws: torch.Tensor,
     codebook_size: int,
     reduction: str,
+    coupling: str = "none",
 ) -> PairQuery:
     """Pairs (sample, mask draw): the final tokens re-masked by the seeded mask, and its score.
 
@@ -237,8 +268,9 @@ def forward_query(
         final_tokens: long ``[M, L]`` of each pair's sample.
         mask_seed: long ``[M]``, the pair's sample seed; mask_counts: long ``[M]``, ``c_k``.
         draws: long ``[M]``, the draw ``k``; reduction: ``"mean" | "sum"``.
+        coupling: ``"none" | "complementary"`` (:func:`forward_masks`).
     """
-    mask = forward_masks(mask_seed, draws, mask_counts, final_tokens.shape[1])
+    mask = forward_masks(mask_seed, draws, mask_counts, final_tokens.shape[1], coupling)
     mask = mask.to(final_tokens.device)  # [M, L]
     state = torch.where(mask, torch.full_like(final_tokens, codebook_size), final_tokens)
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-STEP_SELECTIONS: tuple[str, ...] = ("all", "first", "last", "random")
+STEP_SELECTIONS: tuple[str, ...] = ("all", "first", "last", "random", "group_random", "window")
+PER_GROUP_SELECTIONS: tuple[str, ...] = ("group_random",)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -165,15 +166,27 @@ def grpo_loss(
 
 
 def select_train_steps(
-    num_steps: int, selection: str, k: int, generator: torch.Generator | None = None
+    num_steps: int,
+    selection: str,
+    k: int,
+    generator: torch.Generator | None = None,
+    *,
+    update: int = 0,
+    window_shift: int = 1,
 ) -> torch.Tensor:
-    """Steps trained (the paper's *computational reduction*): long ``[K]`` sorted step indices.
+    """Steps trained by the whole batch (the paper's *computational reduction*): long ``[K]``
+    sorted step indices.
 
     ``"all"`` trains every step; ``"first"``/``"last"`` the first/last ``k``; ``"random"`` ``k``
-    distinct steps drawn with ``generator``.
+    distinct steps drawn with ``generator``; ``"window"`` the ``k`` consecutive steps starting
+    at ``(update // window_shift) mod (S - k + 1)`` (a window sliding early to late over the
+    updates, then again: MixGRPO's). ``"group_random"`` is per group:
+    :func:`select_group_steps`.
     """
-    if selection not in STEP_SELECTIONS:
-        raise ValueError(f"selection must be one of {STEP_SELECTIONS}, got {selection!r}")
+    if selection not in STEP_SELECTIONS or selection in PER_GROUP_SELECTIONS:
+        raise ValueError(
+            f"selection must be one of {STEP_SELECTIONS} but group_random (per group), got {selection!r}"
+        )
     if selection == "all":
         return torch.arange(num_steps)
     if not 1 <= k <= num_steps:
@@ -182,4 +195,24 @@ def select_train_steps(
         return torch.arange(k)
     if selection == "last":
         return torch.arange(num_steps - k, num_steps)
+    if selection == "window":
+        start = (update // max(1, window_shift)) % (num_steps - k + 1)
+        return torch.arange(start, start + k)
     return torch.randperm(num_steps, generator=generator)[:k].sort().values
+
+
+def select_group_steps(
+    num_steps: int, k: int, num_groups: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Iso-temporal subsets (Flash-GRPO's grouping): ``k`` distinct steps drawn uniformly for
+    each of ``B`` groups, independently, long ``[B, K]`` sorted per row. Every sample of a group
+    trains the same steps, so the group's advantages compare like with like.
+
+    Unbiased: each step is in a group's subset with probability ``k / S``, so the mean of the
+    clipped objective over the ``k`` drawn steps has, over the draws, the expectation of its mean
+    over all ``S`` (its gradient too; ``tests/test_algo_step_subsets.py`` enumerates it).
+    """
+    if not 1 <= k <= num_steps:
+        raise ValueError(f"k must be in [1, {num_steps}] for group_random, got {k}")
+    order = torch.rand(num_groups, num_steps, generator=generator).argsort(dim=1)  # [B, S]
+    return order[:, :k].sort(dim=1).values

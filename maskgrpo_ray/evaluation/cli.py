@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from maskgrpo_ray.errors import UserError
+
 log = logging.getLogger("maskgrpo")
 
 
@@ -23,8 +25,8 @@ def register(sub: Any) -> None:
     e.add_argument(
         "--config",
         default=None,
-        help="YAML config (default: the config.yaml of the first run directory in --weights, "
-        "else configs/toy.yaml values)",
+        help="a YAML file or a built-in config's name (default: the config.yaml of the first run "
+        "directory in --weights, else toy's values)",
     )
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument(
@@ -121,9 +123,9 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     prompts = load_prompt_records(spec, "eval", column=args.prompt_column or cfg.data.prompt_column)
     geneval_metadata(prompts)  # a tag on some lines only, or a bad metadata line: stop here
     specs = list(cfg.eval.metrics)
-    for k, text in enumerate(args.metric):
+    for k, text in enumerate(args.metric):  # "kind=fid,weights=..." (CLI) or a dict (API)
         try:
-            specs.append(MetricSpec(**parse_metric(text)))
+            specs.append(MetricSpec(**(parse_metric(text) if isinstance(text, str) else text)))
         except ValueError as err:
             raise ValueError(f"--metric #{k + 1} {text!r}: {err}") from err
     labels = [ms.label for ms in specs]
@@ -172,8 +174,14 @@ def print_tables(report: dict[str, Any]) -> None:
         print(key.ljust(32) + "".join(("-" if v is None else f"{v:.4f}").rjust(12) for v in vals))
 
 
-def run(args: argparse.Namespace) -> int:
-    """``maskgrpo eval``: 0 done, 2 bad input (nothing started)."""
+class EvalInputError(UserError, ValueError):
+    """A bad ``maskgrpo eval`` input found before anything started (the cause is chained)."""
+
+
+def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """``maskgrpo eval``'s path (the Python API's ``evaluate`` too): every input checked by
+    :func:`prepare` (a bad one raises :class:`EvalInputError`, nothing started), then
+    :func:`~maskgrpo_ray.evaluation.runner.run_eval`. Returns the report and its folder."""
     from maskgrpo_ray.config import ConfigError
     from maskgrpo_ray.evaluation.runner import run_eval
 
@@ -181,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             p = prepare(args, Path(scratch))
         except (ConfigError, ValueError, FileNotFoundError, KeyError) as err:
-            print(f"maskgrpo: {err}", file=sys.stderr)
-            return 2
+            raise EvalInputError(str(err)) from err
         log.info(
             "evaluating %s on %d prompts x %d samples -> %s",
             ", ".join(f"{m.label} ({m.source})" for m in p["models"]),
@@ -200,6 +207,16 @@ def run(args: argparse.Namespace) -> int:
             metric_specs=p["specs"],
             run_rows=p["rows"],
         )
+    return report, p["out"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """``maskgrpo eval``: 0 done, 2 bad input (nothing started)."""
+    try:
+        report, out = evaluate(args)
+    except EvalInputError as err:
+        print(f"maskgrpo: {err}", file=sys.stderr)
+        return 2
     print_tables(report)
-    print(f"report: {p['out'] / 'report.md'}")
+    print(f"report: {out / 'report.md'}")
     return 0

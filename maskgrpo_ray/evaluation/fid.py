@@ -14,6 +14,7 @@ import torch
 
 from maskgrpo_ray.config_metrics import METRICS_DOCS, MetricSpec
 from maskgrpo_ray.evaluation.metric_files import check_metric_files, image_files, missing_file
+from maskgrpo_ray.extras import require
 
 
 class FidKid:
@@ -39,15 +40,14 @@ class FidKid:
     def __init__(
         self, spec: MetricSpec, device: torch.device | None = None, where: str | None = None
     ) -> None:
-        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
         if spec.kind != "fid":
             raise ValueError(f"FidKid needs a kind=fid metric, got kind={spec.kind}")
         self.where = where or f"metric {spec.label!r}"
-        check_metric_files(spec, self.where)
+        check_metric_files(spec, self.where)  # torch-fidelity installed, the files here
+        fe = require("torch_fidelity.feature_extractor_inceptionv3", self.where)
         self.spec, self.device = spec, device or torch.device("cpu")
         try:
-            self.extractor = FeatureExtractorInceptionV3(
+            self.extractor = fe.FeatureExtractorInceptionV3(
                 "inception-v3-compat", ["2048"], feature_extractor_weights_path=spec.weights
             ).to(self.device)
         except (RuntimeError, KeyError, TypeError, AttributeError, OSError) as err:
@@ -97,7 +97,10 @@ class FidKid:
             ``fid``; ``kid_mean`` and ``kid_std`` over the KID subsets; ``kid_subset_size``,
             the subset size used: ``spec.kid_subset_size`` capped at the smaller image count.
         """
-        from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+        from torch_fidelity.metric_fid import (  # installed: __init__ required torch_fidelity
+            fid_features_to_statistics,
+            fid_statistics_to_metric,
+        )
         from torch_fidelity.metric_kid import kid_features_to_metric
 
         ref_dir = Path(str(reference_dir or self.spec.reference_dir))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.diversity import DISTINCT, PAIRWISE
+from maskgrpo_ray.diversity import FIGURES
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.phases import generate, score_rewards
 from maskgrpo_ray.settings import EvalSettings
@@ -94,12 +94,12 @@ def unit_rewards(
 def summarize(
     per_unit: Sequence[dict[str, torch.Tensor]], tags: Sequence[str | None] | None = None
 ) -> dict[str, float]:
-    """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``.../pairwise``:
+    """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``pairwise`` / ``nn``:
     means over the finite per-sample values of all units (NaN when none is finite). With ``tags``
     (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
     tag."""
     out: dict[str, float] = {}
-    for key in ("reward", "accuracy", DISTINCT, PAIRWISE):
+    for key in ("reward", "accuracy", *FIGURES):
         parts = [u[key] for u in per_unit if key in u]
         if not parts:
             continue

@@ -68,6 +68,9 @@ def check_metric_files(spec: MetricSpec, where: str | None = None) -> None:
     if spec.kind == "imagereward":
         _check_imagereward_tokenizer(spec, where)
     if spec.kind == "fid":
+        from maskgrpo_ray.extras import check
+
+        check("torch_fidelity", f"{where} (kind=fid)")
         ref = Path(str(spec.reference_dir))
         if not ref.is_dir():
             missing_file(

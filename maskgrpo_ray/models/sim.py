@@ -41,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from maskgrpo_ray import toyworld
-from maskgrpo_ray.cost_model import CostProfile, Workload, resolve_profile
+from maskgrpo_ray.cost_model import CostProfile, resolve_profile
+from maskgrpo_ray.cost_model import workload_of as cost_workload_of
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy
 from maskgrpo_ray.models.registry import ModelEntry, register_model
 from maskgrpo_ray.models.toy import ToyPolicy, load_or_pretrain, spec_from_config
@@ -266,24 +267,4 @@ register_model(
 )
 
 
-def workload_of(cfg: Config) -> Workload:
-    """The step a config runs, in the cost model's terms (pairs trained per sample included:
-    ``unmasking_step_selection`` / mask draws, ``updates_per_batch``)."""
-    from maskgrpo_ray.settings import settings_from_config
-
-    up = settings_from_config(cfg).update
-    forward = cfg.likelihood.estimator == "forward"
-    if up.cycle_units:
-        units = 1
-    elif up.step_selection == "all":
-        units = up.num_steps
-    else:
-        units = up.steps_trained
-    return Workload(
-        prompts_per_step=cfg.train.prompts_per_step,
-        samples_per_prompt=cfg.rollout.samples_per_prompt,
-        unmasking_steps=cfg.rollout.unmasking_steps,
-        units_per_sample=units,
-        updates_per_batch=up.updates_per_batch,
-        scoring_passes=cfg.likelihood.forward.mask_draws if forward else 0,
-    )
+workload_of = cost_workload_of  # the step a config runs (cost_model.workload_of)

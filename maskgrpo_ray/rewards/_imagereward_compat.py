@@ -32,11 +32,13 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.extras import NODEPS_INSTALL
+
 logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = (
-    "ImageReward is not installed: `pip install --no-deps -r requirements-nodeps.txt` "
-    "(image-reward and fairscale, without their old pins), see docs/rewards.md"
+    f"ImageReward is not installed: {NODEPS_INSTALL} (--no-deps: image-reward's old pins clash "
+    "with open_clip's, and what it needs is installed already; docs/rewards.md)"
 )
 
 
@@ -117,6 +119,8 @@ def installed_spec() -> Any:
     spec = importlib.util.find_spec("ImageReward")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(_INSTALL_HINT)
+    if importlib.util.find_spec("fairscale") is None:  # BLIP's vit.py imports it
+        raise ImportError(f"ImageReward is installed but fairscale is not: {_INSTALL_HINT}")
     return spec
 
 

@@ -187,6 +187,7 @@ _BUILTIN_KIND_MODULES = {
 
 _CHECK_FILES: dict[str, Callable[..., None]] = {}
 _HUB_FIELDS: dict[str, tuple[HubField, ...]] = {}
+_EMBEDS: set[str] = set()  # kinds with embed(images): diversity/pairwise, diversity/nn
 
 
 def register_reward(
@@ -195,6 +196,7 @@ def register_reward(
     takes_device: bool = False,
     check_files: Callable[..., None] | None = None,
     hub_fields: tuple[HubField, ...] = (),
+    embeds: bool = False,
 ) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator: make ``factory`` the builder of reward ``kind`` for :func:`build_reward`.
 
@@ -206,6 +208,8 @@ def register_reward(
             not here, without building the model.
         hub_fields: the ``args`` that take a Hugging Face hub id; the driver replaces them by
             local snapshot folders before any actor starts (:mod:`maskgrpo_ray.hub`).
+        embeds: the reward has ``embed(images) -> float [N, D]`` (the space of the diversity
+            figures ``diversity/pairwise`` and ``diversity/nn``, and of ``train.diversity``).
     """
 
     def decorate(factory: RewardFactory) -> RewardFactory:
@@ -218,6 +222,8 @@ def register_reward(
             _CHECK_FILES[kind] = check_files
         if hub_fields:
             _HUB_FIELDS[kind] = hub_fields
+        if embeds:
+            _EMBEDS.add(kind)
         return factory
 
     return decorate
@@ -235,6 +241,12 @@ def reward_hub_fields(kind: str) -> tuple[HubField, ...]:
     """The ``args`` of reward ``kind`` that take a hub id (its module imported first)."""
     _factory(kind)
     return _HUB_FIELDS.get(kind, ())
+
+
+def reward_embeds(kind: str) -> bool:
+    """Whether reward ``kind`` (its module imported first) has an image embedding."""
+    _factory(kind)
+    return kind in _EMBEDS
 
 
 def check_reward_files(specs: Sequence[RewardSpec]) -> None:

@@ -180,7 +180,9 @@ becomes ``local-dir:<snapshot>``; open_clip's ``hf-hub:org/name`` keeps its old 
 HF cache, or a download when ``MASKGRPO_ALLOW_DOWNLOADS=1``)."""
 
 
-@register_reward("clip", takes_device=True, check_files=check_files, hub_fields=(HUB_MODEL,))
+@register_reward(
+    "clip", takes_device=True, check_files=check_files, hub_fields=(HUB_MODEL,), embeds=True
+)
 class ClipReward(ModelReward):
     """CLIP score of each image with its prompt, from any open_clip model.
 

@@ -50,20 +50,32 @@ def judge(images: torch.Tensor, prompts: Sequence[str], grid: int) -> dict[str, 
     return out
 
 
+TOY_TERMS = ("score+correct", "score", "correct")
+
+
 class ToyRuleReward:
     """``reward(images uint8 [N, H, W, 3], prompts) -> float [N]``: partial credit + 1 if correct.
 
     The reward is in [0, 2]; an unparsable prompt scores NaN (the driver counts and skips it).
     ``accuracy`` gives the GenEval-style 0/1 correctness used for held-out evaluation.
+    ``terms`` picks the terms: ``score+correct`` (the default), or one of them alone (two
+    components ``score`` and ``correct`` of weight 1 sum to the default: the two-component
+    reward GDPO, ``train.advantage: gdpo``, is compared on).
     """
 
     name = "toy_rules"
 
-    def __init__(self, grid: int = 4) -> None:
-        self.grid = grid
+    def __init__(self, grid: int = 4, terms: str = "score+correct") -> None:
+        if terms not in TOY_TERMS:
+            raise ValueError(f"toy_rules reward: terms={terms!r} must be one of {TOY_TERMS}")
+        self.grid, self.terms = grid, terms
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         j = judge(images, prompts, self.grid)
+        if self.terms == "score":
+            return j["score"]
+        if self.terms == "correct":
+            return j["correct"]
         return j["score"] + j["correct"]
 
     def accuracy(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
@@ -82,10 +94,13 @@ def cell_features(images: torch.Tensor, grid: int) -> torch.Tensor:
     return onehot.flatten(1).float()
 
 
-@register_reward("toy_rules")
-def build_toy_rules(grid: int = 4, name: str = "toy_rules") -> ToyRuleReward:
-    """Factory for ``build_reward``: ``grid`` must match the toy model's ``model.toy.grid``."""
-    r = ToyRuleReward(grid)
+@register_reward("toy_rules", embeds=True)
+def build_toy_rules(
+    grid: int = 4, name: str = "toy_rules", terms: str = "score+correct"
+) -> ToyRuleReward:
+    """Factory for ``build_reward``: ``grid`` must match the toy model's ``model.toy.grid``;
+    ``terms``: ``score+correct``, ``score`` or ``correct``."""
+    r = ToyRuleReward(grid, terms)
     r.name = name
     return r
 
@@ -134,7 +149,7 @@ class ToyGenEvalReward:
         return cell_features(images, self.grid)
 
 
-@register_reward("toy_geneval")
+@register_reward("toy_geneval", embeds=True)
 def build_toy_geneval(grid: int = 4, name: str = "toy_geneval") -> ToyGenEvalReward:
     """Factory for ``build_reward``: ``grid`` must match the toy model's ``model.toy.grid``."""
     r = ToyGenEvalReward(grid)

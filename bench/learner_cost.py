@@ -1,0 +1,232 @@
+"""A cheaper learner, measured: learning against the learner's work, paired by seed.
+
+    .venv/bin/python bench/learner_cost.py [--seeds 0-7] [--holdout 100-107] [--steps 120]
+        [--variants "full;last 4;..."] [--jobs 2] [--fresh]
+        [--out bench/results_learner_cost.json] [--markdown docs/learner_cost_table.md]
+
+The instrument. Every variant is the toy world (``configs/toy.yaml``) on the single-process
+backend, reshaped towards Show-o's: ``S = 16`` unmasking steps over the 16 image tokens (Show-o
+256 px runs 18 steps over 256 tokens, 512 px 50 over 1024), so that "k of S" means something.
+A run is trained for ``--steps`` steps; its figure of merit is the **area under the held-out
+learning curve** (held-out accuracy evaluated every 20 steps, base and final included, averaged
+over the run: :func:`toy_lab.auc`), which averages six evaluations of the same run and so
+carries less noise than one final accuracy; the final gain and the training reward over the
+last 20 steps are reported beside it. Variants are compared **paired by seed** against the full
+trajectory (every one of the S steps trained): the mean paired difference and its 95%
+t-interval. The bench's resolving power is the half-width of that interval: a difference larger
+than it is resolved.
+
+Cost, per variant: the learner's (sample, unit) pairs per image (units trained per sample x
+inner updates), and the cost model's images per GPU per second at Show-o 512 px on 16 H100s
+(``maskgrpo_ray.cost_model``: the planner's best split and the work-conserving limit, over all
+GPUs), with the variant's share of the steps carried over to Show-o's 50.
+
+Runs are cached per (variant, seed) in ``bench/cache`` (``toy_lab``): a rerun with more seeds
+runs only the new ones. Seeds ``--seeds`` are the tuning seeds; ``--holdout`` runs the chosen
+recipe (``--recipe``) and the full trajectory on seeds no choice was made on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import toy_lab as lab  # noqa: E402
+
+SHAPE = ["rollout.unmasking_steps=16", "eval.every_steps=20"]
+S_TOY, S_SHOWO = 16, 50
+
+
+def _sel(kind: str, k: int) -> list[str]:
+    return [f"train.unmasking_step_selection={kind}", f"train.unmasking_steps_trained={k}"]
+
+
+# name -> overrides (on top of SHAPE)
+VARIANTS: dict[str, list[str]] = {
+    "full (16 of 16)": [],
+    "last 8": _sel("last", 8),
+    "last 4": _sel("last", 4),
+    "last 2": _sel("last", 2),
+    "first 4": _sel("first", 4),
+    "random 4 (batch)": _sel("random", 4),
+    "group random 4 (iso-temporal)": _sel("group_random", 4),
+    "group random 2 (iso-temporal)": _sel("group_random", 2),
+    "window 4 (sliding)": [*_sel("window", 4), "train.unmasking_window_shift_updates=4"],
+    "forward K=4": ["likelihood.estimator=forward", "likelihood.forward.mask_draws=4"],
+    "forward K=4, complementary": [
+        "likelihood.estimator=forward",
+        "likelihood.forward.mask_draws=4",
+        "likelihood.forward.coupling=complementary",
+        "likelihood.forward.mask_ratio_max=0.9",
+    ],
+    "forward K=2, complementary": [
+        "likelihood.estimator=forward",
+        "likelihood.forward.mask_draws=2",
+        "likelihood.forward.coupling=complementary",
+        "likelihood.forward.mask_ratio_max=0.9",
+    ],
+}
+REFERENCE = "full (16 of 16)"
+
+
+def seeds_of(spec: str) -> list[int]:
+    """``0-7`` or ``0,1,2``."""
+    if "-" in spec and "," not in spec:
+        a, b = spec.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in spec.split(",") if s]
+
+
+def figures(r: dict) -> dict[str, float]:
+    tr = [x for x in r["train_reward"][-20:] if x is not None]
+    return {
+        "auc": lab.auc(r["curve"]),
+        "gain": r["final"]["eval_accuracy"] - r["base"]["eval_accuracy"],
+        "final": r["final"]["eval_accuracy"],
+        "last20_reward": statistics.fmean(tr) if tr else math.nan,
+        "distinct": r["final"]["eval_diversity/distinct"],
+    }
+
+
+def showo_cost(overrides: list[str]) -> dict[str, float]:
+    """Learner pairs per image on the toy, and at Show-o 512 on 16 H100s (the variant's share
+    of the S steps carried over to Show-o's 50, its estimator, mask draws and inner updates):
+    the planner's images/GPU/s and the work-conserving limit per GPU."""
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.cost_model import PROFILES, plan_split, workload_of
+
+    toy = workload_of(load_config(lab.ROOT / "configs" / "toy.yaml", [*SHAPE, *overrides]))
+    sel = {o.split("=")[0]: o.split("=")[1] for o in overrides}
+    show = [o for o in overrides if not o.startswith("train.unmasking_steps_trained")]
+    if "train.unmasking_steps_trained" in sel:
+        k = max(1, round(int(sel["train.unmasking_steps_trained"]) * S_SHOWO / S_TOY))
+        show.append(f"train.unmasking_steps_trained={k}")
+    cfg = load_config(lab.ROOT / "configs" / "showo_512_clip.yaml", show)
+    work = workload_of(cfg)
+    profile = PROFILES[
+        "showo_512_h100_forward" if work.estimator == "forward" else "showo_512_h100"
+    ]
+    plan = plan_split(profile, work, 16)
+    return {
+        "toy_pairs_per_image": toy.pairs_per_sample,
+        "toy_share": toy.pairs_per_sample / S_TOY,
+        "showo_pairs_per_image": work.pairs_per_sample,
+        "showo_images_per_gpu_s": plan.images_per_s / 16,
+        "showo_limit_per_gpu_s": plan.limit / 16,
+        "showo_split": f"{plan.rollout_gpus}+{plan.learner_gpus}",
+    }
+
+
+def table(runs: list[dict], names: list[str], seeds: list[int]) -> tuple[list[dict], str]:
+    rows, ref = [], REFERENCE
+    for n in names:
+        rs = [r for r in lab.of(runs, n) if r["seed"] in seeds]
+        if not rs:
+            continue
+        f = [figures(r) for r in rs]
+        row = {"variant": n, "seeds": len(rs), **showo_cost(VARIANTS[n])}
+        for key in ("auc", "gain", "final", "last20_reward", "distinct"):
+            row[key] = lab.interval([x[key] for x in f])
+        if n != ref:
+            sub = [r for r in runs if r["seed"] in seeds]
+            row["d_auc"] = lab.interval(lab.paired(sub, n, ref, lambda r: figures(r)["auc"]))
+            row["d_gain"] = lab.interval(lab.paired(sub, n, ref, lambda r: figures(r)["gain"]))
+        row["update_seconds"] = statistics.fmean(r["update_seconds"] for r in rs)
+        row["step_seconds"] = statistics.fmean(r["step_seconds"] for r in rs)
+        rows.append(row)
+    return rows, markdown(rows)
+
+
+def _ci(v: tuple[float, float], signed: bool = True) -> str:
+    m, h = v
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+
+
+def markdown(rows: list[dict]) -> str:
+    head = (
+        "| variant | learner pairs / image (toy; Show-o 512) | held-out AUC | vs full, paired "
+        "| final gain | vs full, paired | learner s/step | Show-o 512, 16 H100: img/GPU/s "
+        "(split; limit) |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    out = []
+    for r in rows:
+        d = (_ci(r["d_auc"]), _ci(r["d_gain"])) if "d_auc" in r else ("-", "-")
+        out.append(
+            f"| {r['variant']} | {r['toy_pairs_per_image']} ({r['toy_share']:.0%}); "
+            f"{r['showo_pairs_per_image']} | {_ci(r['auc'], False)} | {d[0]} | "
+            f"{_ci(r['gain'])} | {d[1]} | {r['update_seconds']:.3f} | "
+            f"{r['showo_images_per_gpu_s']:.2f} ({r['showo_split']}; "
+            f"{r['showo_limit_per_gpu_s']:.2f}) |"
+        )
+    return head + "\n".join(out) + "\n"
+
+
+def resolving_power(rows: list[dict]) -> float:
+    """The median half-width of the paired AUC intervals: differences larger are resolved."""
+    hs = [r["d_auc"][1] for r in rows if "d_auc" in r]
+    return statistics.median(hs) if hs else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default="0-7", help="tuning seeds (paired)")
+    ap.add_argument("--holdout", default="", help="seeds for the recipe check, e.g. 100-107")
+    ap.add_argument("--recipe", default="", help="the variant checked on the holdout seeds")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_learner_cost.json"))
+    ap.add_argument("--markdown", default="")
+    a = ap.parse_args()
+    names = [v for v in a.variants.split(";") if v] or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    if REFERENCE not in names:
+        names.insert(0, REFERENCE)
+    seeds, hold = seeds_of(a.seeds), seeds_of(a.holdout) if a.holdout else []
+    jobs = [
+        lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=tuple(SHAPE)) for n in names for s in seeds
+    ]
+    if hold:
+        for n in dict.fromkeys([REFERENCE, a.recipe]):
+            jobs += [lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=tuple(SHAPE)) for s in hold]
+    t0 = time.perf_counter()
+
+    def done(r: dict, i: int, total: int) -> None:
+        f = figures(r)
+        print(
+            f"{r['variant']:34s} seed {r['seed']:3d}: AUC {f['auc']:.3f}, final "
+            f"{f['final']:.3f}, distinct {f['distinct']:.3f} ({r['wall_seconds']:.0f} s) "
+            f"[{i}/{total}, {time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
+
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    rows, md = table(runs, names, seeds)
+    power = resolving_power(rows)
+    print(md)
+    print(f"resolving power (median half-width of the paired AUC intervals): {power:.3f}")
+    out = {"steps": a.steps, "seeds": seeds, "rows": rows, "resolving_power": power}
+    if hold:
+        hrows, hmd = table(runs, [REFERENCE, a.recipe], hold)
+        print(f"\nholdout seeds {hold}:\n{hmd}")
+        out["holdout"] = {"seeds": hold, "recipe": a.recipe, "rows": hrows}
+        md += f"\nHoldout seeds {hold[0]}-{hold[-1]} (the recipe against the full trajectory):\n\n{hmd}"
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(md)
+
+
+if __name__ == "__main__":
+    main()

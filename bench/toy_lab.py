@@ -1,0 +1,245 @@
+"""The toy-world lab: seeded training runs, cached per (config, overrides, seed, steps), run in
+parallel, and the statistics the benches print (means, 95% t-intervals, paired differences).
+
+Used by ``bench/diversity_sweep.py`` (reward against diversity) and ``bench/learner_cost.py``
+(the cheaper learner's instrument). A run is ``maskgrpo train`` on the single-process backend
+(``run.backend=local``) with one torch thread, so two runs share two cores; its record holds the
+base and final held-out evaluations (accuracy, reward, the three diversity figures), the
+in-run evaluations (the held-out learning curve), the training reward per step, and the
+learner's and the rollout's seconds per step. A record is written to
+``bench/cache/<key>.json`` the moment its run ends: a rerun with more seeds or variants runs
+only what is missing (``--fresh`` ignores the cache). The key hashes the config file's text,
+the overrides, the seed, the steps and :data:`LAB_VERSION` (bump it when a change to the code
+changes what a run learns).
+
+A run is deterministic on one machine; another machine's float rounding takes the same seed
+elsewhere, so figures are compared paired by seed *on one machine*, never across machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "bench" / "cache"
+LAB_VERSION = 1  # bump when a code change changes what a seeded run learns
+
+EVAL_KEYS = (
+    "eval_accuracy",
+    "eval_reward",
+    "eval_diversity/distinct",
+    "eval_diversity/pairwise",
+    "eval_diversity/nn",
+)
+# one evaluation sampler for every variant, so variants are compared paired by seed
+COMMON = [
+    "run.backend=local",
+    "logging.progress_bar=false",
+    "logging.sample_grid_every_steps=0",
+    "run.export_final_policy=false",
+    "eval.gumbel_temperature=0.0",
+    "eval.sampler=showo",
+]
+
+# two-sided 95% Student t quantiles by degrees of freedom
+T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+    10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+    18: 2.101, 19: 2.093, 20: 2.086, 23: 2.069, 31: 2.040,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: a config file plus overrides, a seed and a step count."""
+
+    variant: str
+    overrides: tuple[str, ...]
+    seed: int
+    steps: int
+    config: str = "configs/toy.yaml"  # relative to the repository root
+    extra: tuple[str, ...] = field(default_factory=tuple)  # the bench's own settings
+
+    def all_overrides(self) -> list[str]:
+        return [
+            *COMMON,
+            f"run.seed={self.seed}",
+            f"train.steps={self.steps}",
+            *self.extra,
+            *self.overrides,
+        ]
+
+    def key(self) -> str:
+        text = (ROOT / self.config).read_text()
+        blob = json.dumps(
+            [LAB_VERSION, text, self.all_overrides()], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """One training run in this process (one torch thread): its record."""
+    import torch
+
+    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.config import load_config
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+    cfg = load_config(ROOT / job.config, job.all_overrides())
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        s = run_train(cfg, Path(d))
+        wall = time.perf_counter() - t0
+        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    curve = [
+        {"step": r["step"] + 1, **{k: r[k] for k in EVAL_KEYS if k in r}}
+        for r in rows
+        if "eval_accuracy" in r
+    ]
+    steps = cfg.train.steps
+    curve = [
+        {"step": 0, **{k: s["base_eval"].get(k) for k in EVAL_KEYS}},
+        *curve,
+        {"step": steps, **{k: s["final_eval"].get(k) for k in EVAL_KEYS}},
+    ]
+    return {
+        "variant": job.variant,
+        "seed": job.seed,
+        "steps": job.steps,
+        "config": job.config,
+        "overrides": list(job.overrides),
+        "base": {k: s["base_eval"].get(k) for k in EVAL_KEYS},
+        "final": {k: s["final_eval"].get(k) for k in EVAL_KEYS},
+        "curve": curve,
+        "train_reward": [r.get("reward_mean") for r in rows],
+        "train_distinct": [r.get("diversity/distinct") for r in rows],
+        "wall_seconds": wall,
+        "update_seconds": _mean(r.get("time/update") for r in rows),
+        "generate_seconds": _mean(r.get("time/generate_score") for r in rows),
+        "step_seconds": _mean(r.get("step_seconds") for r in rows),
+    }
+
+
+def _mean(xs: Iterable[Any]) -> float:
+    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return statistics.fmean(v) if v else math.nan
+
+
+def _cached(job: Job, cache: Path) -> dict[str, Any] | None:
+    path = cache / f"{job.key()}.json"
+    if path.exists():
+        rec = json.loads(path.read_text())
+        rec["variant"] = job.variant  # a variant may be renamed; its runs stay
+        return rec
+    return None
+
+
+def _worker(job: Job) -> tuple[Job, dict[str, Any]]:
+    return job, run_job(job)
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    *,
+    n_jobs: int = 2,
+    cache: Path = CACHE,
+    fresh: bool = False,
+    on_done: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every job's record, from the cache or run now (``n_jobs`` processes, spawn), in the
+    order of ``jobs``. Each new record is cached as soon as its run ends."""
+    cache.mkdir(parents=True, exist_ok=True)
+    found: dict[Job, dict[str, Any]] = {}
+    if not fresh:
+        for j in jobs:
+            rec = _cached(j, cache)
+            if rec is not None:
+                found[j] = rec
+    todo = [j for j in dict.fromkeys(jobs) if j not in found]
+    if todo:
+        _pretrain(todo)
+        done = 0
+        with mp.get_context("spawn").Pool(n_jobs, maxtasksperchild=1) as pool:
+            for job, rec in pool.imap_unordered(_worker, todo):
+                (cache / f"{job.key()}.json").write_text(json.dumps(rec) + "\n")
+                found[job] = rec
+                done += 1
+                if on_done is not None:
+                    on_done(rec, done, len(todo))
+    return [found[j] for j in jobs]
+
+
+def _pretrain(jobs: Sequence[Job]) -> None:
+    """Pre-train (or load) each distinct toy base model once, before the workers race for the
+    model cache."""
+    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.config import load_config
+
+    seen = set()
+    for j in jobs:
+        cfg = load_config(ROOT / j.config, j.all_overrides())
+        spec = json.dumps(cfg.model.model_dump(mode="json"), sort_keys=True)
+        if spec not in seen:
+            seen.add(spec)
+            build_policy(cfg.model)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def interval(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for one value)."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def t975(df: int) -> float:
+    """The two-sided 95% Student t quantile for ``df`` degrees of freedom (the next smaller
+    tabulated one between table entries: a slightly wider interval; 1.96 past 31)."""
+    if df > 31:
+        return 1.96
+    return T975[max(k for k in T975 if k <= df)]
+
+
+def fmt_ci(xs: Sequence[float], digits: int = 3, signed: bool = False) -> str:
+    """``mean [lo, hi]`` of the 95% t-interval."""
+    m, h = interval(xs)
+    f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+
+
+def auc(curve: Sequence[dict[str, Any]], key: str = "eval_accuracy") -> float:
+    """The area under a held-out learning curve over the run's steps, divided by the steps:
+    the curve's mean height (trapezoids between the evaluations, base and final included)."""
+    pts = [(c["step"], c[key]) for c in curve if c.get(key) is not None]
+    if len(pts) < 2:
+        return math.nan
+    area = sum((s1 - s0) * (y0 + y1) / 2 for (s0, y0), (s1, y1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def paired(
+    runs: Sequence[dict[str, Any]], variant: str, ref: str, figure: Callable[[dict], float]
+) -> list[float]:
+    """``figure(variant's run) - figure(ref's run)`` for every seed both have."""
+    a = {r["seed"]: r for r in runs if r["variant"] == variant}
+    b = {r["seed"]: r for r in runs if r["variant"] == ref}
+    return [figure(a[s]) - figure(b[s]) for s in sorted(set(a) & set(b))]
+
+
+def of(runs: Sequence[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
+    return sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
