@@ -1,0 +1,63 @@
+"""The module paths of the flat layout, kept working for one release (issue 33).
+
+Issue 33 grouped ``maskgrpo_ray``'s flat modules into packages: ``config/`` (the config tree),
+``step/`` (the algorithm's loop), ``backend/`` (the Ray backend) and ``cli/`` (the commands).
+:data:`MOVED` maps each old path to its new one. Until the next release an import of an old
+path, ``import maskgrpo_ray.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
+still works: it answers the moved module itself (the same module object, so its classes,
+functions and a monkeypatch through the old path are the new module's) and warns once
+(``DeprecationWarning``) with the new path. ``maskgrpo_ray.config`` and ``maskgrpo_ray.cli``
+kept their names (they became packages that provide what the modules did) and are not here.
+
+No code of the house imports an old path; ``tests/test_moved_paths.py`` holds that and checks
+every entry. The finder answers only these names and only after the ordinary finders found
+nothing (it is appended to ``sys.meta_path`` by ``maskgrpo_ray/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+MOVED: dict[str, str] = {}
+
+
+class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an old path of :data:`MOVED` with the module at its new path."""
+
+    def __init__(self) -> None:
+        self._own_specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        new = MOVED[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {new} (issue 33); the old path works until the next release",
+            DeprecationWarning,
+            stacklevel=2,  # the importing line (the import system's own frames are skipped)
+        )
+        module = importlib.import_module(new)
+        # the import system sets the alias's spec on the module next; exec_module undoes that
+        self._own_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        alias = module.__spec__
+        assert alias is not None
+        module.__spec__ = self._own_specs.pop(alias.name)  # its own again (reload, -m, pickle)
+
+
+def install() -> None:
+    """Append the finder to ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, OldPathFinder) for f in sys.meta_path):
+        sys.meta_path.append(OldPathFinder())
