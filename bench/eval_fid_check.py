@@ -22,7 +22,7 @@ import torch
 def main() -> None:
     import torch_fidelity
 
-    from maskgrpo_ray.config_metrics import MetricSpec
+    from maskgrpo_ray.config.metrics import MetricSpec
     from maskgrpo_ray.evaluation.fid import FidKid
     from maskgrpo_ray.evaluation.metric_files import image_files
     from maskgrpo_ray.evaluation.tiny import random_inception_file

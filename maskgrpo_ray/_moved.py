@@ -23,7 +23,17 @@ import sys
 import warnings
 from types import ModuleType
 
-MOVED: dict[str, str] = {}
+MOVED: dict[str, str] = {
+    # the config family: config/ (the tree's import point, maskgrpo_ray.config, is its __init__)
+    "maskgrpo_ray.config_base": "maskgrpo_ray.config.base",
+    "maskgrpo_ray.config_policy": "maskgrpo_ray.config.policy",
+    "maskgrpo_ray.config_training": "maskgrpo_ray.config.training",
+    "maskgrpo_ray.config_run": "maskgrpo_ray.config.run",
+    "maskgrpo_ray.config_metrics": "maskgrpo_ray.config.metrics",
+    "maskgrpo_ray.evaluation.metric_spec": "maskgrpo_ray.config.metrics",
+    "maskgrpo_ray.config_docs": "maskgrpo_ray.config.docs",
+    "maskgrpo_ray.builtin_configs": "maskgrpo_ray.config.builtin",
+}
 
 
 class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

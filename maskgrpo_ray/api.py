@@ -122,7 +122,7 @@ def evaluate(
     write images, ``report.md``/``.html``/``.json`` and ``summary.json`` under ``out``. Returns
     the report (``means``: per model, the mean of every metric) with ``out`` added. ``config``
     defaults to the first run directory's saved config; ``metrics`` adds metrics besides
-    ``eval.metrics`` (dicts of :class:`~maskgrpo_ray.evaluation.metric_spec.MetricSpec`'s
+    ``eval.metrics`` (dicts of :class:`~maskgrpo_ray.config.metrics.MetricSpec`'s
     fields, or ``--metric``'s ``"kind=fid,weights=...,reference_dir=..."``)."""
     from maskgrpo_ray.evaluation import cli as eval_cli
 

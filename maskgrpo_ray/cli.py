@@ -311,7 +311,7 @@ def control(args: argparse.Namespace) -> int:
 
 def config_docs(out: str | None) -> int:
     """Print the generated config reference, or write it to ``out`` (``make docs``)."""
-    from maskgrpo_ray.config_docs import render_config_docs
+    from maskgrpo_ray.config.docs import render_config_docs
 
     text = render_config_docs()
     if out is None:

@@ -1,5 +1,5 @@
 """``maskgrpo configs list|show|copy``: the configs shipped inside the package
-(:mod:`maskgrpo_ray.builtin_configs`).
+(:mod:`maskgrpo_ray.config.builtin`).
 
     maskgrpo configs list                     # name, one-line description; where they are
     maskgrpo configs show showo_512_clip      # print one
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from maskgrpo_ray import builtin_configs
+from maskgrpo_ray.config import builtin
 from maskgrpo_ray.errors import UserError
 
 
@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
 def copy(name: str, dest: str | None, force: bool) -> Path:
     """Copy built-in ``name`` to ``dest`` (a file, or a folder to put ``NAME.yaml`` in; default:
     ``./NAME.yaml``); :class:`CopyRefused` when the target exists and ``force`` is not set."""
-    source = builtin_configs.path_of(name)
+    source = builtin.path_of(name)
     target = Path(dest) if dest else Path(source.name)
     if target.is_dir() or (dest or "").endswith("/"):
         target = target / source.name
@@ -51,13 +51,13 @@ def copy(name: str, dest: str | None, force: bool) -> Path:
 def run(args: argparse.Namespace) -> int:
     """``maskgrpo configs ...``: 0 done; a bad name or a refused copy raises a UserError (exit 2)."""
     if args.configs_command == "list":
-        names = builtin_configs.names()
+        names = builtin.names()
         width = max(len(n) for n in names)
         for name in names:
-            print(f"{name.ljust(width)}  {builtin_configs.summary(name)}")
-        print(f"\n(in {builtin_configs.folder()}; use one with --config NAME)")
+            print(f"{name.ljust(width)}  {builtin.summary(name)}")
+        print(f"\n(in {builtin.folder()}; use one with --config NAME)")
     elif args.configs_command == "show":
-        print(builtin_configs.path_of(args.name).read_text(encoding="utf-8"), end="")
+        print(builtin.path_of(args.name).read_text(encoding="utf-8"), end="")
     else:
         target = copy(args.name, args.dest, args.force)
         print(f"wrote {target}; use it with --config {target}")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from maskgrpo_ray import builtin_configs
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.config import ConfigError, load_config
+from maskgrpo_ray.config import ConfigError, builtin, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
@@ -24,12 +23,12 @@ def elsewhere(tmp_path, monkeypatch) -> Path:
 
 
 def test_every_yaml_of_configs_is_a_built_in_and_loads_by_name(elsewhere):
-    assert len(SHIPPED) >= 8 and builtin_configs.names() == SHIPPED
+    assert len(SHIPPED) >= 8 and builtin.names() == SHIPPED
     for name in SHIPPED:
         by_name = load_config(name).model_dump(mode="json")
         assert by_name == load_config(ROOT / "configs" / f"{name}.yaml").model_dump(mode="json")
         assert load_config(f"{name}.yaml").model_dump(mode="json") == by_name
-        assert builtin_configs.summary(name), name  # each file opens with its description
+        assert builtin.summary(name), name  # each file opens with its description
 
 
 def test_a_file_of_that_name_here_wins_over_the_built_in(elsewhere):

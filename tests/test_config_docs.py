@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.config_docs import SECTIONS, render_config_docs
+from maskgrpo_ray.config.docs import SECTIONS, render_config_docs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 

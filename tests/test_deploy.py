@@ -258,7 +258,7 @@ def test_submit_sh_refuses_without_token_auth(tmp_path, env, message):
 
 
 def test_submit_sh_installed_uploads_nothing_and_names_a_built_in_config(tmp_path):
-    from maskgrpo_ray import builtin_configs
+    from maskgrpo_ray.config import builtin
 
     out = _submit("--installed", "--dry-run", env={"RAY_AUTH_TOKEN": "t"}, home=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -267,7 +267,7 @@ def test_submit_sh_installed_uploads_nothing_and_names_a_built_in_config(tmp_pat
     assert cmd[cmd.index("--runtime-env") + 1] == "deploy/runtime_env_installed.yaml"
     args = cmd[cmd.index("--") + 1 :]
     assert args == ["maskgrpo", "train", "--config", "showo_512_clip"]
-    assert args[-1] in builtin_configs.names()  # read from the nodes' installed package
+    assert args[-1] in builtin.names()  # read from the nodes' installed package
     out = _submit(
         "--installed", "--dry-run", "--", "status", env={"RAY_AUTH_TOKEN": "t"}, home=tmp_path
     )

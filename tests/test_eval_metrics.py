@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
+from maskgrpo_ray.config.metrics import MetricSpec
 from maskgrpo_ray.evaluation.fid import FidKid, same_shape_runs
 from maskgrpo_ray.evaluation.metric_files import MetricWeightsMissingError, check_metric_files
-from maskgrpo_ray.evaluation.metric_spec import MetricSpec
 from maskgrpo_ray.evaluation.metrics import build_sample_metric
 
 CPU = torch.device("cpu")

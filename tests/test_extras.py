@@ -32,8 +32,8 @@ def test_parquet_prompts_without_pyarrow_name_the_parquet_extra(tmp_path, monkey
 
 
 def test_the_fid_metric_without_torch_fidelity_names_the_fid_extra(tmp_path, monkeypatch):
+    from maskgrpo_ray.config.metrics import MetricSpec
     from maskgrpo_ray.evaluation.metric_files import check_metric_files
-    from maskgrpo_ray.evaluation.metric_spec import MetricSpec
 
     (tmp_path / "inception.pth").write_bytes(b"x")
     spec = MetricSpec(kind="fid", weights=str(tmp_path / "inception.pth"), reference_dir="/r")

@@ -149,7 +149,7 @@ LAZY_CIRCLES_ALLOWED: set[tuple[str, str]] = {
     # kind's module, a plugin maybe); the registry types its entries with the config's sections
     # (``if TYPE_CHECKING``), so the only way back is a type annotation
     ("maskgrpo_ray.config", "maskgrpo_ray.models.registry"),
-    ("maskgrpo_ray.config_policy", "maskgrpo_ray.models.registry"),
+    ("maskgrpo_ray.config.policy", "maskgrpo_ray.models.registry"),
 }
 
 

@@ -76,10 +76,10 @@ def test_config_imports_without_torch_scorers_or_ray():
         "    pass\n"
         "else:\n"
         "    sys.exit('the finder did not refuse torch')\n"
-        "import maskgrpo_ray.config, maskgrpo_ray.config_docs, maskgrpo_ray.geneval_schema\n"
+        "import maskgrpo_ray.config, maskgrpo_ray.config.docs, maskgrpo_ray.geneval_schema\n"
         "from maskgrpo_ray.config import Config, ToyModelConfig, load_config\n"
-        "from maskgrpo_ray.evaluation.metric_spec import MetricSpec\n"
-        "assert maskgrpo_ray.config_docs.render_config_docs().startswith('# Configuration')\n"
+        "from maskgrpo_ray.config.metrics import MetricSpec\n"
+        "assert maskgrpo_ray.config.docs.render_config_docs().startswith('# Configuration')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -104,7 +104,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Everything checked before an actor starts: config, prompts and metadata, metric files,
     weights. Raises ConfigError / ValueError / FileNotFoundError with the field and the fix."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.config_metrics import MetricSpec
+    from maskgrpo_ray.config.metrics import MetricSpec
     from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.evaluation.metric_files import check_metric_files
     from maskgrpo_ray.evaluation.runner import ModelSource, geneval_metadata

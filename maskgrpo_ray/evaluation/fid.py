@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.config_metrics import METRICS_DOCS, MetricSpec
+from maskgrpo_ray.config.metrics import METRICS_DOCS, MetricSpec
 from maskgrpo_ray.evaluation.metric_files import check_metric_files, image_files, missing_file
 from maskgrpo_ray.extras import require
 

@@ -3,7 +3,7 @@ tokenizer folders, reference images.
 
 Every missing file raises :class:`MetricWeightsMissingError` naming the file, the config field
 (``where``, e.g. ``eval.metrics[0]``) and the fix; :func:`check_metric_files` makes every check
-of a :class:`~maskgrpo_ray.config_metrics.MetricSpec` without loading anything, before
+of a :class:`~maskgrpo_ray.config.metrics.MetricSpec` without loading anything, before
 any actor starts. Where each file comes from: docs/dependencies.md.
 """
 
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-from maskgrpo_ray.config_metrics import METRICS_DOCS, WHERE_FROM, MetricSpec
+from maskgrpo_ray.config.metrics import METRICS_DOCS, WHERE_FROM, MetricSpec
 from maskgrpo_ray.rewards.weights import RewardWeightsMissingError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

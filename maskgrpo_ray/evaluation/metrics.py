@@ -15,7 +15,7 @@ CUDA and batched tensor resizing instead, which is faster and changes only ranks
 marginally; a reported figure should not depend on that.
 
 Over all images, FID and KID: :mod:`maskgrpo_ray.evaluation.fid`. A metric is named by a
-:class:`~maskgrpo_ray.config_metrics.MetricSpec`; its files are checked first
+:class:`~maskgrpo_ray.config.metrics.MetricSpec`; its files are checked first
 (:func:`~maskgrpo_ray.evaluation.metric_files.check_metric_files`: a missing one raises
 ``MetricWeightsMissingError`` naming the file, the config field and the fix). Why these
 packages (torch-fidelity, PickScore rather than HPSv2) and where each weight file comes from:
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from maskgrpo_ray.config_metrics import MetricSpec
+from maskgrpo_ray.config.metrics import MetricSpec
 from maskgrpo_ray.evaluation.metric_files import check_metric_files
 from maskgrpo_ray.rewards.base import check_reward_inputs
 

@@ -1,9 +1,9 @@
 """One evaluation metric as a config names it: ``eval.metrics[i]``, or ``maskgrpo eval --metric
 k=v,...``, checked field by field (which kind reads which field, where its weights come from).
 
-Plain pydantic (no torch): a section of the config tree (``config_run.EvalConfig`` holds it),
+Plain pydantic (no torch): a section of the config tree (``config.run.EvalConfig`` holds it),
 filed with the config family so the config imports nothing of the evaluation; the evaluation
-reads it (its old path, ``maskgrpo_ray.evaluation.metric_spec``, still imports). The metrics
+reads it (its old path in ``evaluation/`` still imports: ``maskgrpo_ray/_moved.py``). The metrics
 are :mod:`maskgrpo_ray.evaluation.metrics` (per image) and :mod:`maskgrpo_ray.evaluation.fid`
 (FID and KID over a set); the checks of the files a spec names,
 :mod:`maskgrpo_ray.evaluation.metric_files`.
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from maskgrpo_ray.config_base import Strict
+from maskgrpo_ray.config.base import Strict
 
 RESERVED_NAMES = ("reward", "accuracy", "geneval")
 """Score names the evaluation itself writes (runner): a metric named so would overwrite them."""

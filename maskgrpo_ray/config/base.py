@@ -1,7 +1,7 @@
 """The base of every config section: strict (an unknown key is an error) and frozen.
 
 Plain pydantic, at the bottom of the house: the config tree (:mod:`maskgrpo_ray.config`) and the
-specs other modules own (``eval.metrics[i]``: :mod:`maskgrpo_ray.config_metrics`) build
+specs other modules own (``eval.metrics[i]``: :mod:`maskgrpo_ray.config.metrics`) build
 on it without importing torch.
 """
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from maskgrpo_ray.config_base import Strict
+from maskgrpo_ray.config.base import Strict
 
 
 class RewardComponent(Strict):

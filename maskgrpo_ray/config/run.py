@@ -2,7 +2,7 @@
 evaluation (``eval``) and outputs (``logging``).
 
 Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic, no
-torch (``eval.metrics[i]`` is a :class:`~maskgrpo_ray.config_metrics.MetricSpec`).
+torch (``eval.metrics[i]`` is a :class:`~maskgrpo_ray.config.metrics.MetricSpec`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from maskgrpo_ray.config_base import Strict
-from maskgrpo_ray.config_metrics import MetricSpec
+from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.metrics import MetricSpec
 from maskgrpo_ray.trackers import TrackerName, check_args, check_installed
 
 

@@ -4,15 +4,15 @@ Units are in the names (``prompts_per_step``, ``samples_per_prompt``, ``num_cpus
 "Step" alone means a driver step (one generate-score-filter-update iteration: ``train.steps``,
 ``eval.every_steps``); unmasking steps of the sampler are ``unmasking_steps`` and optimizer
 updates are ``updates``. Every field has a ``description``; ``docs/config.md`` is rendered from
-them (:mod:`maskgrpo_ray.config_docs`). Unknown keys are errors, and renamed keys
+them (:mod:`maskgrpo_ray.config.docs`). Unknown keys are errors, and renamed keys
 (:data:`RENAMED_FIELDS`) are errors that name the new key. Cross-field rules live in validators
 whose messages say the rule, the reason and the fix. ``--set a.b.c=value`` overrides are applied
 to the YAML before validation.
 
 This module is the import point: the whole tree (:class:`Config`), its cross-section rules, and
-loading. The sections live by role in :mod:`maskgrpo_ray.config_policy` (``model``, ``rollout``,
-``likelihood``), :mod:`maskgrpo_ray.config_training` (``reward``, ``filter``, ``train``,
-``learner``) and :mod:`maskgrpo_ray.config_run` (``run``, ``data``, ``eval``, ``logging``), and
+loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
+``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``,
+``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), and
 are re-exported here. Importing it loads no torch and no model: a model kind's module is
 imported when a config naming it is validated.
 """
@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from maskgrpo_ray import builtin_configs
-from maskgrpo_ray.config_base import Strict
-from maskgrpo_ray.config_policy import (
+from maskgrpo_ray.config import builtin
+from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
     LoraConfig,
@@ -38,8 +38,8 @@ from maskgrpo_ray.config_policy import (
     ShowoModelConfig,
     ToyModelConfig,
 )
-from maskgrpo_ray.config_run import DataConfig, EvalConfig, LoggingConfig, RunConfig
-from maskgrpo_ray.config_training import (
+from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
+from maskgrpo_ray.config.training import (
     DiversityConfig,
     FilterConfig,
     LearnerConfig,
@@ -275,15 +275,15 @@ def load_config(
 ) -> Config:
     """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError.
 
-    ``path``: a YAML file, a built-in config's name (``toy``: :mod:`maskgrpo_ray.builtin_configs`),
+    ``path``: a YAML file, a built-in config's name (``toy``: :mod:`maskgrpo_ray.config.builtin`),
     a config tree (a mapping, copied), or None (the defaults, which are ``toy``'s values)."""
     tree: dict[str, Any] = {}
     if isinstance(path, Mapping):
         tree = copy.deepcopy(dict(path))
     elif path is not None:
         try:
-            path = builtin_configs.resolve(path)
-        except builtin_configs.NoSuchConfig as err:
+            path = builtin.resolve(path)
+        except builtin.NoSuchConfig as err:
             raise ConfigError(str(err)) from None
         loaded = read_yaml(Path(path)) or {}
         if not isinstance(loaded, dict):
