@@ -159,7 +159,7 @@ def run_one(job: tuple[str, int, int]) -> dict[str, float | str | int]:
     """One training run (in a worker process with one torch thread)."""
     import torch
 
-    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
 
     torch.set_num_threads(1)

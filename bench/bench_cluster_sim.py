@@ -237,7 +237,7 @@ def section_pipeline(args: argparse.Namespace, estimator: str, ex: Any) -> list[
 def section_live(args: argparse.Namespace, ex: Any) -> list[Row]:
     """4 -> 16 rollout actors mid-run (``maskgrpo scale``, through the job's control actor),
     asynchronous, forward profile: rollout-bound at 4, learner-bound at 16."""
-    from maskgrpo_ray import cli
+    from maskgrpo_ray.cli import app as cli
 
     cfg = make_cfg(args, "forward", 4, 8, "rollout.max_policy_lag=1")
     g, ts = cfg.rollout.samples_per_prompt, ts_of(args, "forward")

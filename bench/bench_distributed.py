@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 def run_backend(
     backend: str, steps: int, extra: list[str], config: str = "configs/toy.yaml"
 ) -> dict:
-    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
 
     cfg = load_config(

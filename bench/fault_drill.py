@@ -111,7 +111,7 @@ def fault_at(fault: str | None, step: int, record: dict[str, Any]) -> Iterator[N
 
 
 def _train(run_dir: Path, extra: list[str]) -> int:
-    from maskgrpo_ray.cli import main
+    from maskgrpo_ray.cli.app import main
 
     args = ["train", "--config", str(ROOT / "configs/toy.yaml"), "--backend", "ray"]
     args += ["--run-dir", str(run_dir)]

@@ -41,7 +41,7 @@ def _policy_after(cfg, steps: int):
     from safetensors.torch import load_file
 
     from maskgrpo_ray.build import build_policy
-    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
 
     policy = build_policy(cfg.model)

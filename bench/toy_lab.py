@@ -92,7 +92,7 @@ def run_job(job: Job) -> dict[str, Any]:
     """One training run in this process (one torch thread): its record."""
     import torch
 
-    from maskgrpo_ray.cli import run_train
+    from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
 
     torch.set_num_threads(1)

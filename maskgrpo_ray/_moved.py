@@ -33,6 +33,10 @@ MOVED: dict[str, str] = {
     "maskgrpo_ray.evaluation.metric_spec": "maskgrpo_ray.config.metrics",
     "maskgrpo_ray.config_docs": "maskgrpo_ray.config.docs",
     "maskgrpo_ray.builtin_configs": "maskgrpo_ray.config.builtin",
+    # the commands: cli/ (the `maskgrpo` entry point, maskgrpo_ray.cli, is its __init__)
+    "maskgrpo_ray.plan_cli": "maskgrpo_ray.cli.plan",
+    "maskgrpo_ray.prompts_cli": "maskgrpo_ray.cli.prompts",
+    "maskgrpo_ray.configs_cli": "maskgrpo_ray.cli.configs",
 }
 
 

@@ -62,7 +62,7 @@ def load_config(config: ConfigSource = None, overrides: Overrides = None) -> Con
 def validate(config: ConfigSource = None, overrides: Overrides = None) -> Config:
     """``maskgrpo validate``: the config, its hub ids checked (not fetched), its prompt files
     read and its model and reward files found. Returns the resolved config."""
-    from maskgrpo_ray.cli import validate_command
+    from maskgrpo_ray.cli.app import validate_command
 
     return validate_command(_source(config), _override_items(overrides))
 
@@ -85,7 +85,7 @@ def train(
             directory resumes that run (its saved config when ``config`` is None).
         backend: ``"local"`` or ``"ray"`` (default: ``run.backend``).
     """
-    from maskgrpo_ray.cli import train_command
+    from maskgrpo_ray.cli.app import train_command
 
     items = _override_items(overrides) + ([f"run.backend={backend}"] if backend else [])
     summary, where = train_command(_source(config), items, run_dir, resume)
@@ -162,7 +162,7 @@ def plan(
     workload, with ``overrides``), every split's predicted images/s and the work-conserving
     limit. A model, not a measurement. ValueError (one line, the fix) for an unknown profile or
     GPU."""
-    from maskgrpo_ray import plan_cli
+    from maskgrpo_ray.cli import plan as plan_cli
 
     args = _namespace(
         plan_cli.add_parser,

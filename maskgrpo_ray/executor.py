@@ -94,7 +94,7 @@ class Executor(GroupWork, Protocol):
         ``from_rollouts`` (no checkpoint to restore) it starts from the rollout actors' weights
         and version, with fresh optimizer state, and the rollout actors are re-synced."""
 
-    # the train command's calls (maskgrpo_ray.cli.run_train)
+    # the train command's calls (maskgrpo_ray.cli.app.run_train)
 
     def check_prompts(self, prompts: list[str]) -> list[str | None]:
         """Per prompt, None or why the policy cannot read it (the command drops those)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import maskgrpo_ray as mg
-from maskgrpo_ray import api, cli
+from maskgrpo_ray import api
+from maskgrpo_ray.cli import app as cli
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.errors import UserError
 
@@ -110,7 +111,7 @@ def test_a_bad_input_raises_one_user_error_before_anything_starts(tmp_path, monk
 
 def test_every_api_keyword_is_an_argument_of_its_command():
     # api._namespace refuses a keyword the command's parser lacks; the commands' defaults hold
-    from maskgrpo_ray import plan_cli
+    from maskgrpo_ray.cli import plan as plan_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
 
     args = api._namespace(eval_cli.register, "eval", prompts="p.txt")

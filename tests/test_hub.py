@@ -179,7 +179,7 @@ def _resolve(hub_id: str, env: dict[str, str], download: bool = True) -> str:
 
 TRAIN = """
 import json, sys
-from maskgrpo_ray import cli
+from maskgrpo_ray.cli import app as cli
 seen = {}
 def run_train(cfg, run_dir, resume_from=None, prompts=None):
     seen["cfg"] = cfg.model_dump(mode="json")  # the config RayExecutor hands the actors
@@ -244,7 +244,7 @@ def test_train_downloads_once_then_hits_the_cache_and_actors_get_local_folders(h
 
 TRAIN_API = """
 import json, sys
-from maskgrpo_ray import cli
+from maskgrpo_ray.cli import app as cli
 import maskgrpo_ray as mg
 seen = {}
 def run_train(cfg, run_dir, resume_from=None, prompts=None):

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maskgrpo_ray import prompts_cli
+from maskgrpo_ray.cli import prompts as prompts_cli
 from maskgrpo_ray.data import (
     PromptDataError,
     PromptRecord,

@@ -268,7 +268,7 @@ def test_nothing_listens_beyond_loopback(ray_cluster):
 )
 def test_bad_config_fails_before_any_actor(override, field, fix, capsys, monkeypatch, tmp_path):
     """Exit code 2, a message naming the field and the fix, and no Ray cluster started."""
-    from maskgrpo_ray import cli
+    from maskgrpo_ray.cli import app as cli
 
     def no_cluster(*a, **k):
         raise AssertionError("a Ray cluster was started for a bad config")

@@ -4,7 +4,7 @@ them too.
 
 ``--config toy`` (a bare name, with or without ``.yaml``, that is not a file here) reads the
 built-in ``toy.yaml``; a path that is not there fails in one line that names the built-in
-configs. ``maskgrpo configs list|show|copy`` (:mod:`maskgrpo_ray.configs_cli`) lists, prints and
+configs. ``maskgrpo configs list|show|copy`` (:mod:`maskgrpo_ray.cli.configs`) lists, prints and
 copies them. No torch, no ray.
 """
 

@@ -101,13 +101,14 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="rollout actors wanted (>= 1)",
             )
-    from maskgrpo_ray import plan_cli
+    from maskgrpo_ray.cli import plan as plan_cli
 
     plan_cli.add_parser(sub)
     v = sub.add_parser("validate", help="check a config and print it resolved")
     v.add_argument("--config", default=None, help=config_help)
     v.add_argument("--set", dest="overrides", action="append", default=[])
-    from maskgrpo_ray import configs_cli, prompts_cli
+    from maskgrpo_ray.cli import configs as configs_cli
+    from maskgrpo_ray.cli import prompts as prompts_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
 
     eval_cli.register(sub)
@@ -350,11 +351,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config-docs":
         return config_docs(args.out)
     if args.command == "plan":
-        from maskgrpo_ray import plan_cli
+        from maskgrpo_ray.cli import plan as plan_cli
 
         return plan_cli.run(args)
     if args.command == "configs":
-        from maskgrpo_ray import configs_cli
+        from maskgrpo_ray.cli import configs as configs_cli
 
         return configs_cli.run(args)
     logging.basicConfig(
@@ -365,7 +366,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return eval_cli.run(args)
     if args.command == "prompts":
-        from maskgrpo_ray import prompts_cli
+        from maskgrpo_ray.cli import prompts as prompts_cli
 
         return prompts_cli.run(args)
     overrides = list(args.overrides)
@@ -440,7 +441,3 @@ def train_command(
         else:
             log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
         return run_train(cfg, run_dir, resume_from, prompts), run_dir
-
-
-if __name__ == "__main__":
-    sys.exit(main())
