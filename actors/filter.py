@@ -15,8 +15,8 @@ import torch
 from maskgrpo_ray.actors.base import ActorProcess
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.build import build_filter
-from maskgrpo_ray.phases import FilterResult, filter_rewards
 from maskgrpo_ray.settings import FilterSettings
+from maskgrpo_ray.step.phases import FilterResult, filter_rewards
 
 
 class FilterActor(ActorProcess):

@@ -1,6 +1,6 @@
 """RolloutActor: holds a policy and turns prompt chunks into groups of G recorded samples.
 
-Thin: each method unpacks a message, calls ``maskgrpo_ray.phases``, packs the answer. The
+Thin: each method unpacks a message, calls ``maskgrpo_ray.step.phases``, packs the answer. The
 actor's weights come only from the learner (``load_weights``, versioned); every rollout it
 makes is tagged with that version. Seeds come with the request, so a chunk's samples do not
 depend on which actor ran it (a re-issued chunk reproduces the lost one exactly).
@@ -21,10 +21,10 @@ from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.models.base import prompt_problems
-from maskgrpo_ray.phases import generate
 from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import RolloutBatch
 from maskgrpo_ray.weight_transfer import Channel, TensorMeta
 

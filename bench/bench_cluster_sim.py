@@ -195,8 +195,8 @@ def last_measured(rec: Recorder) -> int:
 
 def train_steps(cfg: Any, ex: Any, steps: int, after: Any = None) -> Recorder:
     """``driver.train`` for ``steps`` steps on ``ex`` (the real loop), recording step ends."""
-    from maskgrpo_ray import driver
     from maskgrpo_ray.data import PromptStream, load_prompts
+    from maskgrpo_ray.step import driver
 
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps})})
     rec = Recorder(ex, after)
@@ -267,10 +267,10 @@ def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
     rollout actors, each given the same work per collection (``--scaling-prompts`` prompts per
     actor: weak scaling, so every row's collection lasts the same simulated time and the
     learner takes no part)."""
-    from maskgrpo_ray.collect import GroupSource
     from maskgrpo_ray.cost_model import step_costs
     from maskgrpo_ray.data import PromptStream, load_prompts
     from maskgrpo_ray.models.sim import sim_settings, workload_of
+    from maskgrpo_ray.step.collect import GroupSource
 
     rows = []
     for n in (16, 8, 4, 2, 1):  # removing actors is quick; they all hold the same weights

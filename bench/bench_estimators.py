@@ -29,9 +29,14 @@ import torch
 from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlanner, apply_update, build_optimizer
-from maskgrpo_ray.phases import generate
 from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.learner_core import (
+    TorchOptimizing,
+    UpdatePlanner,
+    apply_update,
+    build_optimizer,
+)
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import RolloutBatch, TrainBatch
 
 ROOT = Path(__file__).resolve().parents[1]

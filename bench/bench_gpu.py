@@ -55,14 +55,19 @@ import torch
 
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.cost_model import FlopModel, peak_bf16
-from maskgrpo_ray.learner_core import TorchOptimizing, UpdatePlan, apply_update, build_optimizer
-from maskgrpo_ray.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2
 from maskgrpo_ray.models.showo import ShowoPolicy, build_tiny_random_policy, random_init_
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import HashingWordTokenizer, ShowoVocab
-from maskgrpo_ray.phases import generate
 from maskgrpo_ray.settings import UpdateSettings, settings_from_config
+from maskgrpo_ray.step.learner_core import (
+    TorchOptimizing,
+    UpdatePlan,
+    apply_update,
+    build_optimizer,
+)
+from maskgrpo_ray.step.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import RolloutBatch, TrainBatch
 
 # the sampler and the update of the paper's main setting (G, tau_0, guidance, clip, AdamW, ...)

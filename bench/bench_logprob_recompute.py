@@ -16,9 +16,9 @@ import torch
 from maskgrpo_ray.algo.grpo import grpo_loss
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.learner_loss import accumulate_gradients, pair_log_probs
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import generate
+from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
 
 

@@ -200,9 +200,9 @@ class Chaos:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        from maskgrpo_ray import driver
         from maskgrpo_ray.ray_executor import RayExecutor
-        from maskgrpo_ray.recovery import Checkpoints
+        from maskgrpo_ray.step import driver
+        from maskgrpo_ray.step.recovery import Checkpoints
 
         real_step, real_loop_step = driver.run_step, driver._Loop.step
         real_recover = Checkpoints.recover_learner

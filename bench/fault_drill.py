@@ -92,7 +92,7 @@ def inject(fault: str, ex: Any) -> None:
 def fault_at(fault: str | None, step: int, record: dict[str, Any]) -> Iterator[None]:
     """Wrap ``driver.run_step`` so that ``fault`` hits at the start of ``step`` (once); keep the
     executor and the fault's time in ``record``."""
-    from maskgrpo_ray import driver
+    from maskgrpo_ray.step import driver
 
     real = driver.run_step
 

@@ -71,7 +71,7 @@ def cfg_path(_cfg) -> Path:
 
 def step_gradients(policy, batch, num_steps: int) -> torch.Tensor:
     """``g_t`` for every step, flattened: float ``[S, P]``."""
-    from maskgrpo_ray.learner_loss import accumulate_gradients
+    from maskgrpo_ray.step.learner_loss import accumulate_gradients
 
     params = [p for p in policy.parameters() if p.requires_grad]
     out = []
@@ -106,8 +106,8 @@ def shuffled(batch, g: torch.Generator):
 def measure(cfg, policy, n_batches: int) -> dict[str, list[float]]:
     from maskgrpo_ray.build import build_reward_from_settings
     from maskgrpo_ray.data import PromptStream, load_prompts
-    from maskgrpo_ray.phases import generate, make_train_batch, score
     from maskgrpo_ray.settings import advantage_settings, settings_from_config
+    from maskgrpo_ray.step.phases import generate, make_train_batch, score
 
     s = settings_from_config(cfg)
     reward = build_reward_from_settings(s.reward)

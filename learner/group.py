@@ -20,8 +20,8 @@ from maskgrpo_ray.actors.base import wait_ready
 from maskgrpo_ray.actors.pool import wait_placement
 from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
-from maskgrpo_ray.learner_core import LearnerLost, UpdatePlanner, backward_calls
 from maskgrpo_ray.settings import RunSettings
+from maskgrpo_ray.step.learner_core import LearnerLost, UpdatePlanner, backward_calls
 from maskgrpo_ray.types import TrainBatch, shard_bounds
 
 log = logging.getLogger(__name__)

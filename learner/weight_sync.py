@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.learner.group import LearnerGroup
-from maskgrpo_ray.learner_core import LearnerLost
+from maskgrpo_ray.step.learner_core import LearnerLost
 
 
 @dataclass

@@ -36,7 +36,10 @@ from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.learner_core import (
+from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.ray_cluster import apply_env_defaults
+from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
+from maskgrpo_ray.step.learner_core import (
     UpdatePlan,
     apply_activation_checkpointing,
     apply_update,
@@ -45,9 +48,6 @@ from maskgrpo_ray.learner_core import (
     reference_policy,
     set_learning_rate,
 )
-from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.ray_cluster import apply_env_defaults
-from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
 from maskgrpo_ray.types import TrainBatch
 from maskgrpo_ray.weight_transfer import (
     Channel,

@@ -3,7 +3,7 @@
 Issue 33 grouped ``maskgrpo_ray``'s flat modules into packages: ``config/`` (the config tree),
 ``step/`` (the algorithm's loop), ``backend/`` (the Ray backend) and ``cli/`` (the commands).
 :data:`MOVED` maps each old path to its new one. Until the next release an import of an old
-path, ``import maskgrpo_ray.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
+path, ``import maskgrpo_ray.step.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
 still works: it answers the moved module itself (the same module object, so its classes,
 functions and a monkeypatch through the old path are the new module's) and warns once
 (``DeprecationWarning``) with the new path. ``maskgrpo_ray.config`` and ``maskgrpo_ray.cli``
@@ -37,6 +37,16 @@ MOVED: dict[str, str] = {
     "maskgrpo_ray.plan_cli": "maskgrpo_ray.cli.plan",
     "maskgrpo_ray.prompts_cli": "maskgrpo_ray.cli.prompts",
     "maskgrpo_ray.configs_cli": "maskgrpo_ray.cli.configs",
+    # the step: step/
+    "maskgrpo_ray.driver": "maskgrpo_ray.step.driver",
+    "maskgrpo_ray.collect": "maskgrpo_ray.step.collect",
+    "maskgrpo_ray.phases": "maskgrpo_ray.step.phases",
+    "maskgrpo_ray.executor": "maskgrpo_ray.step.executor",
+    "maskgrpo_ray.local": "maskgrpo_ray.step.local",
+    "maskgrpo_ray.recovery": "maskgrpo_ray.step.recovery",
+    "maskgrpo_ray.step_figures": "maskgrpo_ray.step.figures",
+    "maskgrpo_ray.learner_core": "maskgrpo_ray.step.learner_core",
+    "maskgrpo_ray.learner_loss": "maskgrpo_ray.step.learner_loss",
 }
 
 

@@ -28,7 +28,6 @@ import torch
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import start_control_actor
-from maskgrpo_ray.collect import chunk_prompts_of
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.evaluation.generation import make_units, summarize
@@ -41,6 +40,7 @@ from maskgrpo_ray.ray_fleet import RolloutFleet
 from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.collect import chunk_prompts_of
 from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from ray.exceptions import RayActorError
 from maskgrpo_ray.actors.base import on_driver_node
 from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
 from maskgrpo_ray.data_plane import Traffic, wire_bytes
-from maskgrpo_ray.phases import FilterResult
 from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.settings import FilterSettings
+from maskgrpo_ray.step.phases import FilterResult
 
 log = logging.getLogger(__name__)
 FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails

@@ -137,7 +137,7 @@ def _settings(*overrides):
 
 
 def test_the_default_rule_is_plain_grpo_bit_for_bit():
-    from maskgrpo_ray.phases import make_train_batch
+    from maskgrpo_ray.step.phases import make_train_batch
 
     r = torch.rand(12, generator=torch.Generator().manual_seed(2))
     keep = torch.tensor([True, False, True, True])
@@ -148,7 +148,7 @@ def test_the_default_rule_is_plain_grpo_bit_for_bit():
 
 
 def test_gdpo_reads_the_components_by_name_with_their_weights():
-    from maskgrpo_ray.phases import batch_advantages
+    from maskgrpo_ray.step.phases import batch_advantages
 
     two = "reward.components=[{kind: toy_rules, weight: 2.0, args: {terms: score, name: s}}, {kind: toy_rules, args: {terms: correct, name: c}}]"
     s = _settings(two, "train.advantage=gdpo")
@@ -164,7 +164,7 @@ def test_gdpo_reads_the_components_by_name_with_their_weights():
 
 def test_a_diversity_rule_without_its_figure_is_one_clear_line():
     from maskgrpo_ray.errors import UserError
-    from maskgrpo_ray.phases import batch_advantages
+    from maskgrpo_ray.step.phases import batch_advantages
 
     s = _settings("train.diversity.kind=gardo")
     with pytest.raises(UserError, match="train.diversity.kind='gardo' needs the per-sample"):

@@ -10,7 +10,8 @@ import torch
 
 from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.learner_core import (
+from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_update,
@@ -18,9 +19,8 @@ from maskgrpo_ray.learner_core import (
     build_optimizer,
     reference_policy,
 )
-from maskgrpo_ray.learner_loss import Anchor, accumulate_gradients, pair_log_probs, train_pairs
-from maskgrpo_ray.phases import generate
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pair_log_probs, train_pairs
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")

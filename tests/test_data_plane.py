@@ -20,7 +20,7 @@ from maskgrpo_ray.data_plane import (
     rollout_nbytes,
 )
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import generate, make_train_batch
+from maskgrpo_ray.step.phases import generate, make_train_batch
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch
 
 G = 3

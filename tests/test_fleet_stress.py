@@ -50,12 +50,12 @@ import pytest
 import ray
 import torch
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.collect import GroupSource
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.data_plane import Traffic
+from maskgrpo_ray.step import driver
+from maskgrpo_ray.step.collect import GroupSource
 from maskgrpo_ray.types import Chunk, ScoredBatch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")

@@ -17,8 +17,6 @@ import torch
 
 from maskgrpo_ray.config import LoraConfig, load_config
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.learner_core import build_optimizer, reference_policy
-from maskgrpo_ray.learner_loss import accumulate_gradients
 from maskgrpo_ray.lora import (
     AdapterDisabled,
     apply_lora,
@@ -29,8 +27,10 @@ from maskgrpo_ray.lora import (
     to_peft_names,
 )
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import generate
 from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.learner_core import build_optimizer, reference_policy
+from maskgrpo_ray.step.learner_loss import accumulate_gradients
+from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
@@ -218,8 +218,8 @@ def _rows(run):  # noqa: ANN001, ANN202
 def test_a_lora_run_resumes_exactly_and_evaluates_from_its_adapter(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from maskgrpo_ray import driver
     from maskgrpo_ray.cli import main
+    from maskgrpo_ray.step import driver
 
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     full, cut = tmp_path / "full", tmp_path / "cut"

@@ -76,7 +76,7 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
     rollout actor 0 / learner rank 0 is removed at the start of step FAULT_STEP."""
     import ray
 
-    from maskgrpo_ray import driver
+    from maskgrpo_ray.step import driver
 
     c, nodes = cluster_and_nodes
     real = driver.run_step

@@ -17,7 +17,7 @@ from test_ray_system import chunks_of, rollout_versions, small_cfg
 from maskgrpo_ray.actors.filter import FilterActor
 from maskgrpo_ray.data import load_prompts
 from maskgrpo_ray.data_plane import Traffic, fetch_rollout, rollout_nbytes
-from maskgrpo_ray.phases import make_train_batch
+from maskgrpo_ray.step.phases import make_train_batch
 
 CALL_TIMEOUT_S = 8.0
 

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
+from maskgrpo_ray.step import driver
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [

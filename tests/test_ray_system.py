@@ -15,12 +15,12 @@ import pytest
 import ray
 import torch
 
-from maskgrpo_ray import driver
-from maskgrpo_ray.collect import seeded_chunks
 from maskgrpo_ray.config import Config, load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.data_plane import Traffic, fetch_rollout
-from maskgrpo_ray.phases import make_train_batch
+from maskgrpo_ray.step import driver
+from maskgrpo_ray.step.collect import seeded_chunks
+from maskgrpo_ray.step.phases import make_train_batch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [

@@ -15,15 +15,15 @@ import pytest
 import ray
 import torch
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.local import LocalExecutor
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import REWARD_FAILURE_KINDS, filter_groups, generate, score
 from maskgrpo_ray.rewards.base import CompositeReward
 from maskgrpo_ray.rewards.rules import ToyRuleReward
+from maskgrpo_ray.step import driver
+from maskgrpo_ray.step.local import LocalExecutor
+from maskgrpo_ray.step.phases import REWARD_FAILURE_KINDS, filter_groups, generate, score
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 G = 3
@@ -89,7 +89,7 @@ def test_score_counts_each_component_and_keeps_the_good_values(caplog):
     prompts = load_prompts("toy")[:3]
     poison = {"nan_on": prompts[0], "inf_on": prompts[1], "raise_on": "-", "shape_on": "-"}
     rb = _rollout(policy, prompts, [7, 8, 9])
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.phases"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.step.phases"):
         sb = score(faulty_reward(**poison), rb)
     assert sb.reward_failures == expected_failures(prompts, poison)
     rules = ToyRuleReward(grid=4)(rb.images, [p for p in prompts for _ in range(G)])
@@ -112,7 +112,7 @@ def test_score_counts_each_component_and_keeps_the_good_values(caplog):
     # raising and wrong shape: the whole batch, each with its own counter and warning
     poison = {"nan_on": "-", "inf_on": "-", "raise_on": prompts[2], "shape_on": prompts[2]}
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.phases"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.step.phases"):
         sb = score(faulty_reward(**poison), rb)
     assert sb.reward_failures == expected_failures(prompts, poison)
     assert torch.isnan(sb.rewards).all() and filter_groups(sb, None).invalid.all()

@@ -221,7 +221,7 @@ def test_policy_from_config_section(tmp_path):
 def _train_batch():
     """A tiny Show-o and a train batch of its real rollout: 2 prompts x 2 samples, CFG, 4
     unmasking steps, advantages summing to 0."""
-    from maskgrpo_ray.phases import generate
+    from maskgrpo_ray.step.phases import generate
     from maskgrpo_ray.types import TrainBatch
 
     base = _policy()
@@ -248,9 +248,9 @@ def test_activation_checkpointing_knob_gives_the_same_update():
     the recomputed forward runs the same kernels). The toy model has no such mode and says so."""
     import copy
 
-    from maskgrpo_ray.learner_core import apply_activation_checkpointing
-    from maskgrpo_ray.learner_loss import accumulate_gradients
     from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
+    from maskgrpo_ray.step.learner_core import apply_activation_checkpointing
+    from maskgrpo_ray.step.learner_loss import accumulate_gradients
 
     base, batch = _train_batch()
     out = []
@@ -288,7 +288,7 @@ def test_bf16_autocast_update_is_close_to_float32():
     an AVX2-only one (the same machine's rounded-weights distance: 0.023)."""
     import copy
 
-    from maskgrpo_ray.learner_loss import accumulate_gradients
+    from maskgrpo_ray.step.learner_loss import accumulate_gradients
 
     base, batch = _train_batch()
     rounded = copy.deepcopy(base)

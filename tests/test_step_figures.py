@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
 from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
-from maskgrpo_ray.phases import FilterResult, generate
+from maskgrpo_ray.step import driver
+from maskgrpo_ray.step.phases import FilterResult, generate
 from maskgrpo_ray.types import ScoredBatch
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.cli import main
+from maskgrpo_ray.step import driver
 from maskgrpo_ray.storage import MANIFEST, CheckpointError, CheckpointStore
 
 # ----------------------------------------------------------------------------- fixtures

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from maskgrpo_ray import driver
 from maskgrpo_ray.cli import main
+from maskgrpo_ray.step import driver
 from maskgrpo_ray.trackers import TensorBoardTracker, flatten, numbers
 
 PKG = Path(__file__).resolve().parents[1] / "maskgrpo_ray"
@@ -252,7 +252,8 @@ def test_a_tracker_failing_mid_run_is_disabled_with_one_warning_and_the_run_comp
 def test_a_default_run_imports_no_tracker_library(tmp_path):
     code = (
         "import sys\n"
-        "from maskgrpo_ray import driver, metrics, trackers\n"
+        "from maskgrpo_ray import metrics, trackers\n"
+        "from maskgrpo_ray.step import driver\n"
         "from maskgrpo_ray.config import load_config\n"
         "cfg = load_config('configs/toy.yaml')\n"
         "assert cfg.logging.trackers == []\n"
@@ -289,4 +290,4 @@ def test_only_the_trackers_module_imports_a_tracker_library_and_only_the_driver_
             if isinstance(node, ast.Attribute) and node.attr == "tracking":
                 openers.add(path.relative_to(PKG).as_posix())
     assert importers == {"trackers.py"}
-    assert openers == {"driver.py"}  # the driver process; actors never hold a tracker
+    assert openers == {"step/driver.py"}  # the driver process; actors never hold a tracker

@@ -108,8 +108,8 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
 
     from maskgrpo_ray.data import load_prompts
     from maskgrpo_ray.learner.weight_sync import CollectiveSync
-    from maskgrpo_ray.phases import make_train_batch
     from maskgrpo_ray.ray_executor import RayExecutor
+    from maskgrpo_ray.step.phases import make_train_batch
 
     ex = RayExecutor(small_cfg("learner.weight_sync=collective"), timeout_s=120)
     try:

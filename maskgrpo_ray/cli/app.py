@@ -20,10 +20,10 @@ import yaml
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config, ConfigError, load_config
-from maskgrpo_ray.driver import RunFailed
 from maskgrpo_ray.errors import UserError, one_line
-from maskgrpo_ray.executor import Executor
 from maskgrpo_ray.hub import pending_fields, resolve_config
+from maskgrpo_ray.step.driver import RunFailed
+from maskgrpo_ray.step.executor import Executor
 from maskgrpo_ray.storage import CheckpointError
 
 log = logging.getLogger("maskgrpo")
@@ -207,11 +207,11 @@ def run_train(
     :func:`preflight` loaded; None: preflight here)."""
     import torch
 
-    from maskgrpo_ray import driver
     from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_settings
     from maskgrpo_ray.data import PromptStream, keep_valid_prompts
-    from maskgrpo_ray.driver import EvalSet
     from maskgrpo_ray.metrics import write_json_atomic
+    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.step.driver import EvalSet
 
     prompts = prompts or preflight(cfg)
     torch.manual_seed(cfg.run.seed)
@@ -223,8 +223,8 @@ def run_train(
     train_prompts = [r.text for r in train_records]
     eval_prompts = [r.text for r in eval_records]
     if cfg.run.backend == "local":
-        from maskgrpo_ray.local import LocalExecutor
         from maskgrpo_ray.settings import settings_from_config
+        from maskgrpo_ray.step.local import LocalExecutor
 
         settings = settings_from_config(cfg)
         policy = build_policy(cfg.model)

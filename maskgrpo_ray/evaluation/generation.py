@@ -19,8 +19,8 @@ import torch
 
 from maskgrpo_ray.diversity import FIGURES
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.phases import generate, score_rewards
 from maskgrpo_ray.settings import EvalSettings
+from maskgrpo_ray.step.phases import generate, score_rewards
 from maskgrpo_ray.types import RolloutBatch
 
 

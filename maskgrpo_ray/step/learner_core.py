@@ -1,6 +1,6 @@
 """The one update code path: planning an update and applying it.
 
-The single-process trainer (``local.py``) and every DeepSpeed rank (``learner/worker.py``) run
+The single-process trainer (``step/local.py``) and every DeepSpeed rank (``learner/worker.py``) run
 :func:`apply_update`; they differ only in the :class:`Optimizing` backend (plain torch, or a
 DeepSpeed engine that averages gradients across ranks). What is trained in an update (the
 unmasking steps and the learning rate) is decided once by an :class:`UpdatePlanner`, in the
@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import torch
 
 from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, select_train_steps
-from maskgrpo_ray.learner_loss import Anchor, accumulate_gradients, pad_loss
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
+from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pad_loss
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)

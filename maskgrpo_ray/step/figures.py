@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.collect import Collected
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import rollout_nbytes
-from maskgrpo_ray.phases import reward_failure_metrics
+from maskgrpo_ray.step.collect import Collected
+from maskgrpo_ray.step.phases import reward_failure_metrics
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch
 
 

@@ -2,8 +2,8 @@
 sync, log.
 
 One loop for both backends (``local.LocalExecutor``, ``ray_executor.RayExecutor``, through
-the :class:`~maskgrpo_ray.executor.Executor` protocol) and both modes: a step collects its
-groups from the :class:`~maskgrpo_ray.collect.GroupSource`, submits the next step's when
+the :class:`~maskgrpo_ray.step.executor.Executor` protocol) and both modes: a step collects its
+groups from the :class:`~maskgrpo_ray.step.collect.GroupSource`, submits the next step's when
 ``rollout.max_policy_lag`` allows (they are generated with the weights before this step's
 update: on Ray during the update, locally at once), updates, waits for the submitted
 rollouts and syncs the weights. With lag 0 nothing is submitted ahead.
@@ -19,30 +19,30 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.collect import GroupSource, Pending
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import fetch_rollout
 from maskgrpo_ray.evaluation.weights import export_final_policy
-from maskgrpo_ray.executor import Executor, PhaseTimer
-from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog
-from maskgrpo_ray.phases import make_train_batch
-from maskgrpo_ray.recovery import (
-    Cadence,
-    Checkpoints,
-    Preemption,
-    RunCursor,
-    RunFailed,
-    StepAbandoned,
-)
 from maskgrpo_ray.settings import advantage_settings
-from maskgrpo_ray.step_figures import (
+from maskgrpo_ray.step.collect import GroupSource, Pending
+from maskgrpo_ray.step.executor import Executor, PhaseTimer
+from maskgrpo_ray.step.figures import (
     StepOutcome,
     closing_figures,
     collected_figures,
     count_step,
     grid_due,
     run_summary,
+)
+from maskgrpo_ray.step.learner_core import LearnerLost
+from maskgrpo_ray.step.phases import make_train_batch
+from maskgrpo_ray.step.recovery import (
+    Cadence,
+    Checkpoints,
+    Preemption,
+    RunCursor,
+    RunFailed,
+    StepAbandoned,
 )
 from maskgrpo_ray.types import TrainBatch, tensor_nbytes
 
@@ -314,7 +314,7 @@ def train(
     With ``resume_from`` (a local checkpoint folder) the executor, the group source (prompt
     stream, filter) and the step counter are restored and the loop continues where the
     checkpoint was taken. SIGTERM or SIGINT during the loop stops it at a step boundary
-    (:class:`~maskgrpo_ray.recovery.Preemption`): a checkpoint is written, ``summary.json``
+    (:class:`~maskgrpo_ray.step.recovery.Preemption`): a checkpoint is written, ``summary.json``
     says ``"completed": false`` and the final evaluation is skipped.
     """
     runlog = RunLog(run_dir)

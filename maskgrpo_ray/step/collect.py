@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from maskgrpo_ray.data_plane import Traffic
-from maskgrpo_ray.executor import GroupWork, PhaseTimer
+from maskgrpo_ray.step.executor import GroupWork, PhaseTimer
 from maskgrpo_ray.types import Chunk, ScoredBatch  # Chunk: the message, importable from here too
 
 GROUP_STATS = ("groups_generated", "groups_dropped", "groups_invalid", "groups_exhausted")

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.checkpoint import run_store
-from maskgrpo_ray.collect import GroupSource
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.executor import Executor
-from maskgrpo_ray.learner_core import LearnerLost
 from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.safe_files import check_pickles, load_torch_file
+from maskgrpo_ray.step.collect import GroupSource
+from maskgrpo_ray.step.executor import Executor
+from maskgrpo_ray.step.learner_core import LearnerLost
 
 log = logging.getLogger(__name__)
 

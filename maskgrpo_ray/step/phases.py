@@ -25,10 +25,10 @@ from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.diversity import group_diversity, reward_embedding
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.learner_loss import unit_log_probs
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.settings import AdvantageSettings
+from maskgrpo_ray.step.learner_loss import unit_log_probs
 from maskgrpo_ray.types import (  # FilterResult: the message, importable from here too
     FilterResult,
     RewardResult,

@@ -9,11 +9,14 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.collect import Chunk, chunk_prompts_of
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic
 from maskgrpo_ray.evaluation.generation import evaluate_rewards
-from maskgrpo_ray.learner_core import (
+from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
+from maskgrpo_ray.safe_files import load_torch_file
+from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.collect import Chunk, chunk_prompts_of
+from maskgrpo_ray.step.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_activation_checkpointing,
@@ -21,10 +24,7 @@ from maskgrpo_ray.learner_core import (
     build_optimizer,
     reference_policy,
 )
-from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
-from maskgrpo_ray.phases import FilterResult, filter_groups, generate, score
-from maskgrpo_ray.safe_files import load_torch_file
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.phases import FilterResult, filter_groups, generate, score
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 
