@@ -5,7 +5,7 @@ GPU and CPUs are reserved together), hands out their handles, drops a dead membe
 with a fresh actor, and scales to a requested size. The pool knows nothing of what its actors
 do: its owner passes a ``make(actor_id, options)`` that starts one. ``members`` is replaced on
 every change, never changed in place, so a reference to it is a snapshot: what a thread that
-does not own the pool may read (``maskgrpo_ray.ray_fleet``).
+does not own the pool may read (``maskgrpo_ray.backend.fleet``).
 """
 
 from __future__ import annotations

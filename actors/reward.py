@@ -15,9 +15,9 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import PoolActor
+from maskgrpo_ray.backend.cluster import apply_env_defaults
+from maskgrpo_ray.backend.metrics import process_metrics
 from maskgrpo_ray.build import build_reward_from_settings, resolve_device
-from maskgrpo_ray.ray_cluster import apply_env_defaults
-from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.rewards.base import Reward
 from maskgrpo_ray.settings import RewardSettings
 from maskgrpo_ray.step.phases import reward_failure_metrics, score_rewards

@@ -15,18 +15,18 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import PoolActor
+from maskgrpo_ray.backend.cluster import apply_env_defaults
+from maskgrpo_ray.backend.metrics import process_metrics
+from maskgrpo_ray.backend.weight_transfer import Channel, TensorMeta
 from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.models.base import prompt_problems
-from maskgrpo_ray.ray_cluster import apply_env_defaults
-from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
 from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import RolloutBatch
-from maskgrpo_ray.weight_transfer import Channel, TensorMeta
 
 
 class RolloutActor(PoolActor):
@@ -78,7 +78,7 @@ class RolloutActor(PoolActor):
         bucket_bytes: int,
         timeout_s: float,
     ) -> int:
-        """Join a collective weight-sync group (``maskgrpo_ray/weight_transfer.py``) as
+        """Join a collective weight-sync group (``maskgrpo_ray/backend/weight_transfer.py``) as
         ``rank``; blocks until every member has joined. Replaces (closes) any earlier group."""
         if self._sync is not None:
             self._sync.close()

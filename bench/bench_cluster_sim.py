@@ -80,7 +80,7 @@ def start_cluster(gpus: int, cpus: int) -> None:
     """One local loopback Ray cluster with ``gpus`` logical GPUs for every row."""
     import ray
 
-    from maskgrpo_ray.ray_cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
 
     apply_env_defaults()
     force_loopback()
@@ -463,7 +463,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     start_cluster(gpus=32, cpus=16)
     rows: list[Row] = []
-    from maskgrpo_ray.ray_executor import RayExecutor
+    from maskgrpo_ray.backend.executor import RayExecutor
 
     estimators = args.estimators.split(",")
     if "splits" in sections or ("pipeline" in sections and "trajectory" in estimators):

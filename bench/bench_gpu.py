@@ -462,7 +462,7 @@ def bench_weight_sync(b: Bench) -> dict[str, Any]:
         return {"skipped": "--no-ray"}
     import ray
 
-    from maskgrpo_ray.ray_cluster import connect, disconnect
+    from maskgrpo_ray.backend.cluster import connect, disconnect
 
     if __name__ != "__main__":  # imported (tests): ship SyncTarget by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

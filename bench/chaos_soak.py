@@ -200,7 +200,7 @@ class Chaos:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        from maskgrpo_ray.ray_executor import RayExecutor
+        from maskgrpo_ray.backend.executor import RayExecutor
         from maskgrpo_ray.step import driver
         from maskgrpo_ray.step.recovery import Checkpoints
 
@@ -488,7 +488,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import ray
 
-    from maskgrpo_ray.ray_cluster import connect
+    from maskgrpo_ray.backend.cluster import connect
 
     connect(None, num_cpus=4, include_dashboard=False)
     try:

@@ -222,7 +222,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import ray
 
-    from maskgrpo_ray.ray_cluster import connect
+    from maskgrpo_ray.backend.cluster import connect
 
     connect(None, num_cpus=4, include_dashboard=False)
     try:

@@ -32,12 +32,19 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import ActorProcess
+from maskgrpo_ray.backend.cluster import apply_env_defaults
+from maskgrpo_ray.backend.weight_transfer import (
+    Channel,
+    TensorMeta,
+    is_loopback,
+    open_store,
+    tensor_metas,
+)
 from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.ray_cluster import apply_env_defaults
 from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
 from maskgrpo_ray.step.learner_core import (
     UpdatePlan,
@@ -49,13 +56,6 @@ from maskgrpo_ray.step.learner_core import (
     set_learning_rate,
 )
 from maskgrpo_ray.types import TrainBatch
-from maskgrpo_ray.weight_transfer import (
-    Channel,
-    TensorMeta,
-    is_loopback,
-    open_store,
-    tensor_metas,
-)
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Issue 33 grouped ``maskgrpo_ray``'s flat modules into packages: ``config/`` (the config tree),
 ``step/`` (the algorithm's loop), ``backend/`` (the Ray backend) and ``cli/`` (the commands).
 :data:`MOVED` maps each old path to its new one. Until the next release an import of an old
-path, ``import maskgrpo_ray.step.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
+path, ``import maskgrpo_ray.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
 still works: it answers the moved module itself (the same module object, so its classes,
 functions and a monkeypatch through the old path are the new module's) and warns once
 (``DeprecationWarning``) with the new path. ``maskgrpo_ray.config`` and ``maskgrpo_ray.cli``
@@ -47,6 +47,14 @@ MOVED: dict[str, str] = {
     "maskgrpo_ray.step_figures": "maskgrpo_ray.step.figures",
     "maskgrpo_ray.learner_core": "maskgrpo_ray.step.learner_core",
     "maskgrpo_ray.learner_loss": "maskgrpo_ray.step.learner_loss",
+    # the Ray backend: backend/
+    "maskgrpo_ray.ray_executor": "maskgrpo_ray.backend.executor",
+    "maskgrpo_ray.ray_fleet": "maskgrpo_ray.backend.fleet",
+    "maskgrpo_ray.ray_chunks": "maskgrpo_ray.backend.chunks",
+    "maskgrpo_ray.ray_filter": "maskgrpo_ray.backend.filter",
+    "maskgrpo_ray.ray_metrics": "maskgrpo_ray.backend.metrics",
+    "maskgrpo_ray.ray_cluster": "maskgrpo_ray.backend.cluster",
+    "maskgrpo_ray.weight_transfer": "maskgrpo_ray.backend.weight_transfer",
 }
 
 

@@ -246,7 +246,7 @@ def test_dashboard_lists_the_runs_maskgrpo_metrics(browser, tmp_path, monkeypatc
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if ray.is_initialized():
         ray.shutdown()
-    from maskgrpo_ray.ray_cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
 
     apply_env_defaults()
     force_loopback()

@@ -1,4 +1,4 @@
-"""Stress test of the rollout fleet's threads (``maskgrpo_ray/ray_fleet.py``).
+"""Stress test of the rollout fleet's threads (``maskgrpo_ray/backend/fleet.py``).
 
 At ``rollout.max_policy_lag`` 2 the collection thread runs two steps ahead and heals the rollout
 and reward actors it loses, while the driver's main thread updates the learner, pushes weights
@@ -332,7 +332,7 @@ def interleavings(chaos: Chaos) -> Counter:
 @pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_kills_during_update_sync_and_scale_keep_every_invariant(ray_cluster, tmp_path):
-    from maskgrpo_ray.ray_executor import RayExecutor
+    from maskgrpo_ray.backend.executor import RayExecutor
 
     cfg = load_config(TOY, SETTINGS)
     ex = RayExecutor(cfg, timeout_s=300)

@@ -43,7 +43,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from maskgrpo_ray.ray_cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
 
     os.environ.pop("RAY_ADDRESS", None)
     if ray.is_initialized():

@@ -15,7 +15,7 @@ from maskgrpo_ray.step import driver
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_forward_estimator_ratio_one_across_processes_then_real(ray_cluster, tmp_path):
-    from maskgrpo_ray.ray_executor import RayExecutor
+    from maskgrpo_ray.backend.executor import RayExecutor
 
     cfg = small_cfg(
         "likelihood.estimator=forward",

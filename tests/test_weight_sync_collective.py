@@ -1,4 +1,4 @@
-"""maskgrpo_ray/weight_transfer.py: bucket plan, pack/unpack, and a real two- and three-process gloo
+"""maskgrpo_ray/backend/weight_transfer.py: bucket plan, pack/unpack, and a real two- and three-process gloo
 broadcast; on a Ray cluster (slow) the collective sync gives the rollout actors the learner's
 exact weights, as the object store does, and re-forms its group when an actor is lost."""
 
@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from maskgrpo_ray.weight_transfer import (
+from maskgrpo_ray.backend.weight_transfer import (
     Channel,
     TensorMeta,
     open_store,
@@ -106,9 +106,9 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
     import ray
     from test_ray_system import learner_digest, rollout_versions, small_cfg
 
+    from maskgrpo_ray.backend.executor import RayExecutor
     from maskgrpo_ray.data import load_prompts
     from maskgrpo_ray.learner.weight_sync import CollectiveSync
-    from maskgrpo_ray.ray_executor import RayExecutor
     from maskgrpo_ray.step.phases import make_train_batch
 
     ex = RayExecutor(small_cfg("learner.weight_sync=collective"), timeout_s=120)

@@ -233,7 +233,7 @@ def run_train(
         reward = build_reward_from_settings(settings.reward)
         ex: Executor = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
     else:
-        from maskgrpo_ray.ray_executor import RayExecutor
+        from maskgrpo_ray.backend.executor import RayExecutor
 
         ex = RayExecutor(cfg)
         train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))
@@ -273,7 +273,7 @@ def batched_check(ex: Executor, prompts: list[str]) -> Any:
 
 def control(args: argparse.Namespace) -> int:
     """``maskgrpo scale`` / ``maskgrpo status``: talk to a running job's control actor."""
-    from maskgrpo_ray.ray_cluster import attach, use_token_if_present
+    from maskgrpo_ray.backend.cluster import attach, use_token_if_present
 
     use_token_if_present()  # before ray is imported: it reads the auth mode then
     import ray

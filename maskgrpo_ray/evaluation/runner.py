@@ -96,7 +96,7 @@ class RayGenerator:
         import ray
 
         from maskgrpo_ray.actors.pool import rollout_pool
-        from maskgrpo_ray.ray_cluster import connect
+        from maskgrpo_ray.backend.cluster import connect
 
         self.timeout_s, self.actors = timeout_s, actors
         self.cluster = connect(cfg.run.ray_address, cfg.run.num_cpus, None)
@@ -122,7 +122,7 @@ class RayGenerator:
         self._install(self.pool.members)
 
     def rollouts(self, units: list[EvalUnit]) -> list[RolloutBatch]:
-        from maskgrpo_ray.ray_chunks import map_over_pool
+        from maskgrpo_ray.backend.chunks import map_over_pool
 
         def heal(member: Any, why: str) -> Any:
             self.pool.drop(member, kill=why == "hung")
@@ -135,7 +135,7 @@ class RayGenerator:
         )
 
     def shutdown(self) -> None:
-        from maskgrpo_ray.ray_cluster import disconnect
+        from maskgrpo_ray.backend.cluster import disconnect
 
         self.pool.shutdown()
         disconnect(self.cluster)
@@ -253,7 +253,7 @@ def set_metrics(me: ModelEval, out: Path, fids: dict[str, Any]) -> None:
 def publish(evals: Sequence[ModelEval]) -> dict[str, dict[str, float]]:
     """Per model, the mean of each per-sample metric over all prompts and per GenEval tag, and
     the set metrics; mirrored to ``maskgrpo_eval_metric`` (Ray dashboard) when Ray is up."""
-    from maskgrpo_ray.ray_metrics import process_metrics
+    from maskgrpo_ray.backend.metrics import process_metrics
 
     table: dict[str, dict[str, float]] = {}
     for me in evals:

@@ -1,11 +1,11 @@
 """The step loop, as phases: collect (generate, score, filter, re-sample), advantages, update,
 sync, log.
 
-One loop for both backends (``local.LocalExecutor``, ``ray_executor.RayExecutor``, through
-the :class:`~maskgrpo_ray.step.executor.Executor` protocol) and both modes: a step collects its
-groups from the :class:`~maskgrpo_ray.step.collect.GroupSource`, submits the next step's when
-``rollout.max_policy_lag`` allows (they are generated with the weights before this step's
-update: on Ray during the update, locally at once), updates, waits for the submitted
+One loop for both backends (``local.LocalExecutor``, ``backend.executor.RayExecutor``,
+through the :class:`~maskgrpo_ray.step.executor.Executor` protocol) and both modes: a step
+collects its groups from the :class:`~maskgrpo_ray.step.collect.GroupSource`, submits the next
+step's when ``rollout.max_policy_lag`` allows (they are generated with the weights before this
+step's update: on Ray during the update, locally at once), updates, waits for the submitted
 rollouts and syncs the weights. With lag 0 nothing is submitted ahead.
 """
 

@@ -27,8 +27,8 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
+from maskgrpo_ray.backend.metrics import RayMetrics
 from maskgrpo_ray.data_plane import REF_BYTES, RolloutMeta, RolloutRefs, Traffic, wire_bytes
-from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.types import Chunk, RewardResult, ScoredBatch
 
 log = logging.getLogger(__name__)

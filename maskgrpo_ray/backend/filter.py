@@ -21,8 +21,8 @@ from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.base import on_driver_node
 from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
+from maskgrpo_ray.backend.metrics import RayMetrics
 from maskgrpo_ray.data_plane import Traffic, wire_bytes
-from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.settings import FilterSettings
 from maskgrpo_ray.step.phases import FilterResult
 

@@ -4,7 +4,7 @@ The fleet owns the two :class:`~maskgrpo_ray.actors.pool.ActorPool`s and every c
 them: healing (a lost actor replaced within its role's restart budget), adding and removing
 rollout actors (``maskgrpo scale``), the prompt metadata every actor reads, and the weight
 sync's membership (which actors a push reaches, and the version they all hold). It runs the
-chunks of a call (:class:`~maskgrpo_ray.ray_chunks.ChunkScheduler`) and the evaluation units
+chunks of a call (:class:`~maskgrpo_ray.backend.chunks.ChunkScheduler`) and the evaluation units
 over its rollout actors. This is how OpenRLHF's ``RayActorGroup`` and verl's worker groups own
 their members; the executor keeps the learner side and the wiring.
 
@@ -35,6 +35,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member, rollout_pool
 from maskgrpo_ray.actors.reward import RemoteRewardActor
+from maskgrpo_ray.backend.chunks import ChunkScheduler, map_over_pool
+from maskgrpo_ray.backend.metrics import RayMetrics
 from maskgrpo_ray.data_plane import Traffic
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import (
@@ -43,8 +45,6 @@ from maskgrpo_ray.learner.weight_sync import (
     copy_from_sibling,
     newest_rollout_weights,
 )
-from maskgrpo_ray.ray_chunks import ChunkScheduler, map_over_pool
-from maskgrpo_ray.ray_metrics import RayMetrics
 from maskgrpo_ray.settings import RunSettings
 from maskgrpo_ray.types import Chunk, ScoredBatch
 

@@ -1,10 +1,10 @@
-"""RayExecutor: the Executor protocol of ``driver.py`` on a Ray cluster.
+"""RayExecutor: the Executor protocol of ``step/driver.py`` on a Ray cluster.
 
 The executor keeps the learner side and the wiring: a :class:`learner.group.LearnerGroup` of
 DeepSpeed ranks updates, saves and loads (and is replaced when a rank is lost); one filter actor
-keeps the std history (``ray_filter.RemoteFilter``); a control actor carries ``maskgrpo scale``
+keeps the std history (``backend.filter.RemoteFilter``); a control actor carries ``maskgrpo scale``
 and ``maskgrpo status``. The rollout and reward actors belong to the
-:class:`~maskgrpo_ray.ray_fleet.RolloutFleet` (pools, healing, scaling, prompt metadata, the
+:class:`~maskgrpo_ray.backend.fleet.RolloutFleet` (pools, healing, scaling, prompt metadata, the
 weight sync's membership, behind one lock): chunks run through it, weights are pushed through
 it. Every actor gets the typed settings of its role (``maskgrpo_ray.settings``), never the
 config.
@@ -28,16 +28,16 @@ import torch
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import start_control_actor
+from maskgrpo_ray.backend.cluster import ClusterHandle, connect, disconnect
+from maskgrpo_ray.backend.filter import RemoteFilter
+from maskgrpo_ray.backend.fleet import RolloutFleet
+from maskgrpo_ray.backend.metrics import process_metrics
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.evaluation.generation import make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.models.registry import prepare_model
-from maskgrpo_ray.ray_cluster import ClusterHandle, connect, disconnect
-from maskgrpo_ray.ray_filter import RemoteFilter
-from maskgrpo_ray.ray_fleet import RolloutFleet
-from maskgrpo_ray.ray_metrics import process_metrics
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.step.collect import chunk_prompts_of
@@ -193,7 +193,7 @@ class RayExecutor:
         return self.fleet.run_chunks(chunks, traffic)
 
     def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
-        """The filter actor's decision (``ray_filter.RemoteFilter``: a dead filter actor is
+        """The filter actor's decision (``backend.filter.RemoteFilter``: a dead filter actor is
         restarted from the state after its last decision and asked again)."""
         return self.filters.decide(scored.rewards, scored.rollout.group_size, traffic)
 
