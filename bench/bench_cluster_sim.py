@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +370,80 @@ def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
     return rows
 
 
+# The recommended cheaper learner (docs/algorithm.md, bench/learner_cost.py): train the last 6 of
+# Show-o's 50 unmasking steps (12%, the toy's last 2 of 16), 32 prompts a step (whole groups per
+# rollout GPU: at 16 prompts no split of 16 GPUs keeps the cheaper learner's GPUs busy)
+RECIPE = [
+    "train.unmasking_step_selection=last",
+    "train.unmasking_steps_trained=6",
+    "train.prompts_per_step=32",
+]
+
+
+def run_split(
+    args: argparse.Namespace, ex: Any, extra: list[str], nr: int, nl: int, section: str, name: str
+) -> Row:
+    """One measured row: the trajectory profile with ``extra`` on ``nr`` rollout and ``nl``
+    learner GPUs, asynchronous (lag 1), on ``ex`` (its pools resized to the split)."""
+    cfg = make_cfg(args, "trajectory", nr, nl, "rollout.max_policy_lag=1", *extra)
+    ideal, ts = ideal_of(cfg, nr, nl), ts_of(args, "trajectory")
+    ex.fleet.scale_rollout(nr)
+    if ex.settings.learner.num_workers != nl:
+        resize_learner(ex, nl)
+    rec = train_steps(cfg, ex, args.warmup + args.steps + 1)
+    got = rec.images_per_s(args.warmup - 1, last_measured(rec), cfg.rollout.samples_per_prompt)
+    row = Row(section, name, nr, nl, got * ts, ideal.asynchronous, ideal.limit)
+    row.extra = {
+        "per_gpu": row.measured / (nr + nl),
+        "limit_per_gpu": ideal.limit / (nr + nl),
+        "prompts_per_step": cfg.train.prompts_per_step,
+        "phases_s": rec.phases(args.warmup - 1, ts),
+        "ideal_R_L_W_s": ideal_costs(cfg, nr, nl),
+    }
+    say(
+        f"  {name} ({nr}+{nl}): {row.measured:.2f} img/s = {row.extra['per_gpu']:.3f} /GPU, "
+        f"ideal {ideal.asynchronous:.2f} ({row.efficiency:.3f}), limit {ideal.limit:.2f} "
+        f"({row.of_limit:.3f})"
+    )
+    return row
+
+
+def planned(args: argparse.Namespace, extra: list[str], gpus: int) -> tuple[int, int]:
+    """The planner's split of ``gpus`` for the trajectory profile with ``extra``."""
+    from maskgrpo_ray.cost_model import plan_split, workload_of
+    from maskgrpo_ray.models.sim import sim_settings
+
+    cfg = make_cfg(args, "trajectory", 1, 1, *extra)
+    plan = plan_split(sim_settings(cfg.model).cost_profile(), workload_of(cfg), gpus)
+    return plan.rollout_gpus, plan.learner_gpus
+
+
+def section_recipe(args: argparse.Namespace, ex: Any) -> list[Row]:
+    """The recommended recipe against the full trajectory on 16 GPUs (each at the planner's
+    split, the full trajectory at both batch sizes), then the recipe's strong scaling (32
+    prompts a step on 8, 16, 32 GPUs) and weak scaling (the prompts a step growing with the
+    GPUs: 16, 32, 64) at the planner's split, images/GPU/s over all GPUs beside the limit."""
+    rows = []
+    for name, extra in (
+        ("full trajectory, 16 prompts", []),
+        ("full trajectory, 32 prompts", ["train.prompts_per_step=32"]),
+        ("recipe: last 6 of 50, 32 prompts", RECIPE),
+    ):
+        nr, nl = planned(args, extra, 16)
+        rows.append(run_split(args, ex, extra, nr, nl, "recipe", f"16 GPUs, {name}"))
+    recipe16 = rows[-1]
+    for n in args.scale_gpus:
+        for kind, b in (("strong", 32), ("weak", 2 * n)):
+            name = f"{kind}: {n} GPUs, {b} prompts"
+            if n == 16 and b == 32:  # the 16-GPU recipe row above is this row
+                rows.append(replace(recipe16, section=f"scaling_{kind}", name=name))
+                continue
+            extra = [*RECIPE, f"train.prompts_per_step={b}"]
+            nr, nl = planned(args, extra, n)
+            rows.append(run_split(args, ex, extra, nr, nl, f"scaling_{kind}", name))
+    return rows
+
+
 def save(rows: list[Row], args: argparse.Namespace) -> None:
     """``OUT.json``: every row so far (written after each section, so a long run keeps them)."""
     doc = {
@@ -454,18 +528,29 @@ def main() -> int:
         "--scaling-prompts", type=int, default=2, help="prompts per rollout actor and collection"
     )
     ap.add_argument("--set", action="append", default=[], help="config override (repeatable)")
+    ap.add_argument("--scale-gpus", default="8,16,32", help="the recipe section's cluster sizes")
     ap.add_argument("--out", default=str(REPO / "bench" / "results_cluster_sim"))
     args = ap.parse_args()
     args.splits = [int(s) for s in args.splits.split(",") if s]
+    args.scale_gpus = [int(s) for s in args.scale_gpus.split(",") if s]
     sections = args.sections.split(",")
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    start_cluster(gpus=32, cpus=16)
+    start_cluster(gpus=max(32, *args.scale_gpus), cpus=16)
     rows: list[Row] = []
     from maskgrpo_ray.backend.executor import RayExecutor
 
     estimators = args.estimators.split(",")
+    if "recipe" in sections:
+        say("the recipe against the full trajectory, and its scaling (trajectory profile)")
+        ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
+        try:
+            rows += section_recipe(args, ex)
+            print_table(rows)
+            save(rows, args)
+        finally:
+            ex.shutdown()
     if "splits" in sections or ("pipeline" in sections and "trajectory" in estimators):
         say("starting 8 rollout + 8 learner simulated GPUs (trajectory profile)")
         ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))

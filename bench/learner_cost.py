@@ -41,7 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import toy_lab as lab  # noqa: E402
 
-SHAPE = ["rollout.unmasking_steps=16", "eval.every_steps=20"]
+# the instrument's shape; every unmasking step trained unless a variant says otherwise (the toy
+# default trains the last 2 of its 8)
+SHAPE = [
+    "rollout.unmasking_steps=16",
+    "eval.every_steps=20",
+    "train.unmasking_step_selection=all",
+    "train.unmasking_steps_trained=0",
+]
 S_TOY, S_SHOWO = 16, 50
 
 
@@ -60,6 +67,12 @@ VARIANTS: dict[str, list[str]] = {
     "group random 4 (iso-temporal)": _sel("group_random", 4),
     "group random 2 (iso-temporal)": _sel("group_random", 2),
     "window 4 (sliding)": [*_sel("window", 4), "train.unmasking_window_shift_updates=4"],
+    "last 2, B = 32 (half the steps: the same images)": [
+        *_sel("last", 2),
+        "train.prompts_per_step=32",
+        "train.steps=60",
+        "eval.every_steps=10",
+    ],
     "forward K=4": ["likelihood.estimator=forward", "likelihood.forward.mask_draws=4"],
     "forward K=4, complementary": [
         "likelihood.estimator=forward",

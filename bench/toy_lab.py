@@ -8,9 +8,9 @@ base and final held-out evaluations (accuracy, reward, the three diversity figur
 in-run evaluations (the held-out learning curve), the training reward per step, and the
 learner's and the rollout's seconds per step. A record is written to
 ``bench/cache/<key>.json`` the moment its run ends: a rerun with more seeds or variants runs
-only what is missing (``--fresh`` ignores the cache). The key hashes the config file's text,
-the overrides, the seed, the steps and :data:`LAB_VERSION` (bump it when a change to the code
-changes what a run learns).
+only what is missing (``--fresh`` ignores the cache). The key hashes the resolved config (the
+file with its overrides, validated: seed and steps included) and :data:`LAB_VERSION` (bump it
+when a change to the code changes what a run learns).
 
 A run is deterministic on one machine; another machine's float rounding takes the same seed
 elsewhere, so figures are compared paired by seed *on one machine*, never across machines.
@@ -80,11 +80,17 @@ class Job:
             *self.overrides,
         ]
 
+    def resolved(self) -> dict[str, Any]:
+        """The validated config the run trains with (every field, defaults included)."""
+        from maskgrpo_ray.config import load_config
+
+        cfg = load_config(ROOT / self.config, self.all_overrides())
+        return cfg.model_dump(mode="json")
+
     def key(self) -> str:
-        text = (ROOT / self.config).read_text()
-        blob = json.dumps(
-            [LAB_VERSION, text, self.all_overrides()], sort_keys=True, separators=(",", ":")
-        )
+        """The cache key: the resolved config (so a default moved from the YAML into an
+        override, or the reverse, keeps its runs) and :data:`LAB_VERSION`."""
+        blob = json.dumps([LAB_VERSION, self.resolved()], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -120,6 +126,7 @@ def run_job(job: Job) -> dict[str, Any]:
         "steps": job.steps,
         "config": job.config,
         "overrides": list(job.overrides),
+        "extra": list(job.extra),
         "base": {k: s["base_eval"].get(k) for k in EVAL_KEYS},
         "final": {k: s["final_eval"].get(k) for k in EVAL_KEYS},
         "curve": curve,

@@ -22,7 +22,7 @@ def test_toy_config_loads_and_overrides_apply():
         ("rollout.samples_per_prompt=1", ["samples_per_prompt=1", "G >= 2", "set it to 2"]),
         ("filter.percentile=150", ["filter.percentile=150", "outside 0-100", "[0, 100]"]),
         (
-            "train.unmasking_step_selection=first",
+            "train.unmasking_step_selection=first train.unmasking_steps_trained=0",
             ["unmasking_steps_trained=0", "rollout.unmasking_steps=8", "set it"],
         ),
         ("rollout.unmasking_steps=17", ["unmasking_steps=17", "16 tokens", "lower rollout."]),
@@ -31,7 +31,7 @@ def test_toy_config_loads_and_overrides_apply():
 )
 def test_bad_config_names_field_value_and_fix(override, needles):
     with pytest.raises(ConfigError) as err:
-        load_config("configs/toy.yaml", [override])
+        load_config("configs/toy.yaml", override.split())
     for n in needles:
         assert n in str(err.value), (n, str(err.value))
 
@@ -74,7 +74,8 @@ def test_shipped_configs_validate(path):
 
 def test_forward_showo_config_differs_only_in_the_estimator():
     """showo_512_clip_forward.yaml is the main Show-o run with the forward estimator: only the
-    likelihood, the inner updates, the clip and the run name differ."""
+    likelihood, the inner updates, the clip, the run name and what the cheaper learner sets
+    (the trajectory's trained steps; the split of 16 GPUs each plans) differ."""
     base = load_config("configs/showo_512_clip.yaml").model_dump()
     fwd = load_config("configs/showo_512_clip_forward.yaml").model_dump()
     differ = {
@@ -89,6 +90,10 @@ def test_forward_showo_config_differs_only_in_the_estimator():
         "likelihood.forward",
         "train.updates_per_batch",
         "train.clip_low",
+        "train.unmasking_step_selection",
+        "train.unmasking_steps_trained",
+        "rollout.num_actors",
+        "learner.num_workers",
     }
     assert fwd["likelihood"]["forward"]["mask_draws"] == 4
 

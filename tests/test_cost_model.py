@@ -139,14 +139,20 @@ def test_plan_cli_prints_the_split_and_refuses_unknown_gpus(capsys):
 
 
 def test_plan_takes_the_workload_from_a_config(capsys):
-    # the Show-o 512 config as it is: its B, G, S and all 50 steps trained, the 512 profile
-    assert main(["plan", "--config", "configs/showo_512_clip.yaml", "--json"]) == 0
+    # the Show-o 512 config with all 50 steps trained at the paper's 16 prompts: the 512 profile
+    every = ["--set", "train.unmasking_step_selection=all", "--set", "train.prompts_per_step=16"]
+    assert main(["plan", "--config", "configs/showo_512_clip.yaml", *every, "--json"]) == 0
     full = json.loads(capsys.readouterr().out)
     assert full["workload"]["units_per_sample"] == 50 and full["workload"]["unmasking_steps"] == 50
     assert full["profile"]["name"] == "showo_512_h100" and full["recommended"]["rollout_gpus"] == 4
     # training 10 of the 50 steps: l = 10 x 23.81 ms, r unchanged (S x 6.94 ms): the limit is
     # n / (r + l) = 16 / (0.347 + 0.238)
-    sets = ["--set", "train.unmasking_step_selection=group_random"]
+    sets = [
+        "--set",
+        "train.unmasking_step_selection=group_random",
+        "--set",
+        "train.prompts_per_step=16",
+    ]
     sets += ["--set", "train.unmasking_steps_trained=10"]
     assert main(["plan", "--config", "configs/showo_512_clip.yaml", *sets, "--json"]) == 0
     cheap = json.loads(capsys.readouterr().out)

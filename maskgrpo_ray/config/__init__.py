@@ -276,8 +276,11 @@ def load_config(
     """Read YAML (``safe_load``), apply ``--set`` overrides, validate. Raises ConfigError.
 
     ``path``: a YAML file, a built-in config's name (``toy``: :mod:`maskgrpo_ray.config.builtin`),
-    a config tree (a mapping, copied), or None (the defaults, which are ``toy``'s values)."""
+    a config tree (a mapping, copied; what it leaves out takes the models' defaults), or None
+    (the embedded default: the built-in ``toy`` config)."""
     tree: dict[str, Any] = {}
+    if path is None:
+        path = builtin.path_of("toy")
     if isinstance(path, Mapping):
         tree = copy.deepcopy(dict(path))
     elif path is not None:
