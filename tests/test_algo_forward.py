@@ -313,6 +313,7 @@ def test_ancestral_sampler_commits_on_schedule_and_p2_is_exact():
         (
             [
                 "likelihood.estimator=forward",
+                "train.unmasking_step_selection=all",
                 "likelihood.forward.mask_ratios=step_focus",
                 "likelihood.forward.mask_draws=9",
             ],
@@ -331,6 +332,7 @@ def test_settings_route_the_forward_estimator():
         "configs/toy.yaml",
         [
             "likelihood.estimator=forward",
+            "train.unmasking_step_selection=all",
             "likelihood.forward.mask_draws=3",
             "rollout.sampler=ancestral",
         ],
@@ -351,6 +353,7 @@ def test_one_draw_per_inner_update_equals_updates_on_each_draw_in_turn():
         "configs/toy.yaml",
         [
             "likelihood.estimator=forward",
+            "train.unmasking_step_selection=all",
             "likelihood.forward.mask_draws=2",
             "likelihood.forward.draws_per_update=one",
             "train.updates_per_batch=4",
@@ -388,6 +391,7 @@ def test_one_draw_per_inner_update_equals_updates_on_each_draw_in_turn():
             "configs/toy.yaml",
             [
                 "likelihood.estimator=forward",
+                "train.unmasking_step_selection=all",
                 "likelihood.forward.draws_per_update=one",
                 "train.updates_per_batch=2",
             ],

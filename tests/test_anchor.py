@@ -134,6 +134,7 @@ def test_backward_calls_count_the_anchored_micro_batches():
                 "train.anchor_unmasking_steps=2",
                 "train.anchor_kl_coef=0.1",
                 "likelihood.estimator=forward",
+                "train.unmasking_step_selection=all",
             ],
             "likelihood.estimator trajectory",
         ),

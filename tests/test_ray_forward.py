@@ -19,6 +19,7 @@ def test_forward_estimator_ratio_one_across_processes_then_real(ray_cluster, tmp
 
     cfg = small_cfg(
         "likelihood.estimator=forward",
+        "train.unmasking_step_selection=all",
         "likelihood.forward.mask_draws=3",
         "likelihood.forward.mask_ratios=uniform",
         "train.updates_per_batch=3",

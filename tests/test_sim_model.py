@@ -188,6 +188,7 @@ def test_a_local_step_takes_the_profiles_time(tmp_path, monkeypatch):
     tree = _sim_tree(
         train__prompts_per_step=4,
         train__steps=2,
+        train__unmasking_step_selection="all",
         filter__enabled=False,
         eval__every_steps=0,
         eval__samples_per_prompt=1,
