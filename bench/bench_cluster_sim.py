@@ -196,9 +196,13 @@ def last_measured(rec: Recorder) -> int:
 def train_steps(cfg: Any, ex: Any, steps: int, after: Any = None) -> Recorder:
     """``driver.train`` for ``steps`` steps on ``ex`` (the real loop), recording step ends."""
     from maskgrpo_ray.data import PromptStream, load_prompts
+    from maskgrpo_ray.settings import settings_from_config
     from maskgrpo_ray.step import driver
 
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps})})
+    if settings_from_config(cfg).update != ex.settings.update:  # the learner took its own
+        raise SystemExit("bench: a row's learner settings differ from its executor's")
+    ex.prompts_per_step = cfg.train.prompts_per_step  # the chunking follows the row's batch
     rec = Recorder(ex, after)
     stream = PromptStream(load_prompts("toy", "train"), cfg.run.seed, True)
     with tempfile.TemporaryDirectory() as d:
@@ -387,6 +391,8 @@ def run_split(
     learner GPUs, asynchronous (lag 1), on ``ex`` (its pools resized to the split)."""
     cfg = make_cfg(args, "trajectory", nr, nl, "rollout.max_policy_lag=1", *extra)
     ideal, ts = ideal_of(cfg, nr, nl), ts_of(args, "trajectory")
+    if ex.settings.learner.num_workers > nl:  # free GPUs before the rollout side takes them
+        resize_learner(ex, nl)
     ex.fleet.scale_rollout(nr)
     if ex.settings.learner.num_workers != nl:
         resize_learner(ex, nl)
@@ -418,19 +424,39 @@ def planned(args: argparse.Namespace, extra: list[str], gpus: int) -> tuple[int,
     return plan.rollout_gpus, plan.learner_gpus
 
 
-def section_recipe(args: argparse.Namespace, ex: Any) -> list[Row]:
+def section_recipe(args: argparse.Namespace) -> list[Row]:
     """The recommended recipe against the full trajectory on 16 GPUs (each at the planner's
     split, the full trajectory at both batch sizes), then the recipe's strong scaling (32
     prompts a step on 8, 16, 32 GPUs) and weak scaling (the prompts a step growing with the
-    GPUs: 16, 32, 64) at the planner's split, images/GPU/s over all GPUs beside the limit."""
+    GPUs: 16, 32, 64) at the planner's split, images/GPU/s over all GPUs beside the limit.
+    One executor for the full trajectory's rows, then one started from the recipe's config
+    (the learner trains the steps its own settings select)."""
+    from maskgrpo_ray.backend.executor import RayExecutor
+
     rows = []
-    for name, extra in (
-        ("full trajectory, 16 prompts", []),
-        ("full trajectory, 32 prompts", ["train.prompts_per_step=32"]),
-        ("recipe: last 6 of 50, 32 prompts", RECIPE),
-    ):
-        nr, nl = planned(args, extra, 16)
-        rows.append(run_split(args, ex, extra, nr, nl, "recipe", f"16 GPUs, {name}"))
+    ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
+    try:
+        for name, extra in (
+            ("full trajectory, 16 prompts", []),
+            ("full trajectory, 32 prompts", ["train.prompts_per_step=32"]),
+        ):
+            nr, nl = planned(args, extra, 16)
+            rows.append(run_split(args, ex, extra, nr, nl, "recipe", f"16 GPUs, {name}"))
+    finally:
+        ex.shutdown()
+    ex = RayExecutor(make_cfg(args, "trajectory", 8, 8, *RECIPE))
+    try:
+        return rows + recipe_rows(args, ex)
+    finally:
+        ex.shutdown()
+
+
+def recipe_rows(args: argparse.Namespace, ex: Any) -> list[Row]:
+    """The recipe on 16 GPUs, then its strong and weak scaling, on ``ex`` (the recipe's)."""
+    nr, nl = planned(args, RECIPE, 16)
+    rows = [
+        run_split(args, ex, RECIPE, nr, nl, "recipe", "16 GPUs, recipe: last 6 of 50, 32 prompts")
+    ]
     recipe16 = rows[-1]
     for n in args.scale_gpus:
         for kind, b in (("strong", 32), ("weak", 2 * n)):
@@ -544,13 +570,9 @@ def main() -> int:
     estimators = args.estimators.split(",")
     if "recipe" in sections:
         say("the recipe against the full trajectory, and its scaling (trajectory profile)")
-        ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
-        try:
-            rows += section_recipe(args, ex)
-            print_table(rows)
-            save(rows, args)
-        finally:
-            ex.shutdown()
+        rows += section_recipe(args)
+        print_table(rows)
+        save(rows, args)
     if "splits" in sections or ("pipeline" in sections and "trajectory" in estimators):
         say("starting 8 rollout + 8 learner simulated GPUs (trajectory profile)")
         ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
