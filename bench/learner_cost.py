@@ -88,6 +88,9 @@ VARIANTS: dict[str, list[str]] = {
     ],
 }
 REFERENCE = "full (16 of 16)"
+# the Show-o config before its recipe (the full trajectory, the paper's 16 prompts): each
+# variant's Show-o column is this plus the variant's overrides
+SHOWO_FULL = ["train.unmasking_step_selection=all", "train.prompts_per_step=16"]
 
 
 def seeds_of(spec: str) -> list[int]:
@@ -122,7 +125,7 @@ def showo_cost(overrides: list[str]) -> dict[str, float]:
     if "train.unmasking_steps_trained" in sel:
         k = max(1, round(int(sel["train.unmasking_steps_trained"]) * S_SHOWO / S_TOY))
         show.append(f"train.unmasking_steps_trained={k}")
-    cfg = load_config(lab.ROOT / "configs" / "showo_512_clip.yaml", show)
+    cfg = load_config(lab.ROOT / "configs" / "showo_512_clip.yaml", [*SHOWO_FULL, *show])
     work = workload_of(cfg)
     profile = PROFILES[
         "showo_512_h100_forward" if work.estimator == "forward" else "showo_512_h100"
