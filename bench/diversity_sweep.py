@@ -123,15 +123,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_diversity_sweep.json"))
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
-    names = [v for v in a.variants.split(";") if v] or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     ref = "none"
-    if ref not in names:
-        names.insert(0, ref)
-    lo, _, hi = a.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in a.seeds.split(",")]
+    names = lab.variants_of(a.variants, list(VARIANTS), ref)
+    seeds = lab.seeds_of(a.seeds)
     extra = tuple(a.common)
     jobs = [lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=extra) for n in names for s in seeds]
     t0 = time.perf_counter()

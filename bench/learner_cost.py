@@ -93,14 +93,6 @@ REFERENCE = "full (16 of 16)"
 SHOWO_FULL = ["train.unmasking_step_selection=all", "train.prompts_per_step=16"]
 
 
-def seeds_of(spec: str) -> list[int]:
-    """``0-7`` or ``0,1,2``."""
-    if "-" in spec and "," not in spec:
-        a, b = spec.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in spec.split(",") if s]
-
-
 def figures(r: dict) -> dict[str, float]:
     tr = [x for x in r["train_reward"][-20:] if x is not None]
     return {
@@ -204,13 +196,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_learner_cost.json"))
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
-    names = [v for v in a.variants.split(";") if v] or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
-    if REFERENCE not in names:
-        names.insert(0, REFERENCE)
-    seeds, hold = seeds_of(a.seeds), seeds_of(a.holdout) if a.holdout else []
+    names = lab.variants_of(a.variants, list(VARIANTS), REFERENCE)
+    seeds, hold = lab.seeds_of(a.seeds), lab.seeds_of(a.holdout) if a.holdout else []
     jobs = [
         lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=tuple(SHAPE)) for n in names for s in seeds
     ]

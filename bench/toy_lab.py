@@ -250,3 +250,21 @@ def paired(
 
 def of(runs: Sequence[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
     return sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
+
+
+def seeds_of(spec: str) -> list[int]:
+    """``--seeds`` of the lab's benches: ``0-7`` or ``0,1,2``."""
+    if "-" in spec and "," not in spec:
+        a, b = spec.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in spec.split(",") if s]
+
+
+def variants_of(spec: str, known: Sequence[str], reference: str) -> list[str]:
+    """``--variants`` (names separated by ``;``, empty: all ``known``), the reference first when
+    left out; an unknown name ends the bench in one line."""
+    names = [v for v in spec.split(";") if v] or list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(known)}")
+    return names if reference in names else [reference, *names]
