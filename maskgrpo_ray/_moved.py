@@ -1,7 +1,9 @@
-"""The module paths of the flat layout, kept working for one release (issue 33).
+"""The module paths of the flat layout, kept working for one release (issues 33 and 38).
 
 Issue 33 grouped ``maskgrpo_ray``'s flat modules into packages: ``config/`` (the config tree),
-``step/`` (the algorithm's loop), ``backend/`` (the Ray backend) and ``cli/`` (the commands).
+``step/`` (the algorithm's loop), ``backend/`` (the Ray backend) and ``cli/`` (the commands);
+issue 38 moved the toy world (``toyworld``, ``models.toy``, ``rewards.rules``) into ``worlds/toy/``
+beside the GenEval-shaped world.
 :data:`MOVED` maps each old path to its new one. Until the next release an import of an old
 path, ``import maskgrpo_ray.driver`` or ``from maskgrpo_ray.ray_executor import RayExecutor``,
 still works: it answers the moved module itself (the same module object, so its classes,
@@ -55,6 +57,10 @@ MOVED: dict[str, str] = {
     "maskgrpo_ray.ray_metrics": "maskgrpo_ray.backend.metrics",
     "maskgrpo_ray.ray_cluster": "maskgrpo_ray.backend.cluster",
     "maskgrpo_ray.weight_transfer": "maskgrpo_ray.backend.weight_transfer",
+    # the embedded worlds: worlds/ (issue 38), the toy beside the GenEval-shaped world
+    "maskgrpo_ray.toyworld": "maskgrpo_ray.worlds.toy.world",
+    "maskgrpo_ray.models.toy": "maskgrpo_ray.worlds.toy.model",
+    "maskgrpo_ray.rewards.rules": "maskgrpo_ray.worlds.toy.rewards",
 }
 
 
@@ -74,7 +80,7 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = MOVED[spec.name]
         warnings.warn(
-            f"{spec.name} moved to {new} (issue 33); the old path works until the next release",
+            f"{spec.name} moved to {new}; the old path works until the next release",
             DeprecationWarning,
             stacklevel=2,  # the importing line (the import system's own frames are skipped)
         )

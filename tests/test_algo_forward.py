@@ -25,11 +25,11 @@ from maskgrpo_ray.algo.estimators import (
 )
 from maskgrpo_ray.algo.sampling import masked_share_before_steps, rollout
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
 from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
 

@@ -19,9 +19,9 @@ from maskgrpo_ray.data_plane import (
     fetch_rollout,
     rollout_nbytes,
 )
-from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.step.phases import generate, make_train_batch
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch
+from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 G = 3
 

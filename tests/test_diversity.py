@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.diversity import (
     DISTINCT,
     NEAREST,
@@ -19,7 +18,8 @@ from maskgrpo_ray.diversity import (
     reward_embedding,
 )
 from maskgrpo_ray.rewards.base import build_reward
-from maskgrpo_ray.rewards.rules import ToyRuleReward
+from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
 GRID, PX = 4, 8
 

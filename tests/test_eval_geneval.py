@@ -6,7 +6,6 @@ import re
 import pytest
 import torch
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.evaluation.geneval import (
     check_geneval_folder,
     evaluate_objects,
@@ -15,7 +14,8 @@ from maskgrpo_ray.evaluation.geneval import (
     write_geneval_prompt,
 )
 from maskgrpo_ray.geneval_schema import GenEvalMetadataError, check_metadata
-from maskgrpo_ray.rewards.rules import judge
+from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.rewards import judge
 
 GRID, CELL = 4, 4
 

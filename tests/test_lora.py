@@ -26,12 +26,12 @@ from maskgrpo_ray.lora import (
     save_adapter,
     to_peft_names,
 )
-from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.step.learner_core import build_optimizer, reference_policy
 from maskgrpo_ray.step.learner_loss import accumulate_gradients
 from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["qkv", "proj", "head"])

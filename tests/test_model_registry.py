@@ -19,11 +19,11 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.config import Config, ConfigError, ModelConfig, load_config
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.registry import ModelEntry, get_model, model_kinds, register_model
 from maskgrpo_ray.step.phases import generate
+from maskgrpo_ray.worlds.toy import world as toyworld
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 KIND = "tiny_standin"

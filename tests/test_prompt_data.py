@@ -34,7 +34,7 @@ from maskgrpo_ray.prompt_gen import (
     plural,
     prompt_set_metadata,
 )
-from maskgrpo_ray.toyworld import Caption
+from maskgrpo_ray.worlds.toy.world import Caption
 
 META = [
     {"tag": "counting", "include": [{"class": "cup", "count": 2}], "prompt": "a photo of two cups"},

@@ -12,9 +12,9 @@ from maskgrpo_ray.actors.reward import RewardActor
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.data import load_prompt_records
 from maskgrpo_ray.rewards.base import RewardSpec, build_reward
-from maskgrpo_ray.rewards.rules import ToyGenEvalReward, judge
 from maskgrpo_ray.settings import RewardSettings
 from maskgrpo_ray.step.phases import generate, score_rewards
+from maskgrpo_ray.worlds.toy.rewards import ToyGenEvalReward, judge
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 

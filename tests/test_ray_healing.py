@@ -194,7 +194,7 @@ def test_rollouts_reach_the_reward_actor_and_the_learner_without_the_driver(exec
     the same reward on the fetched images; and the learner ranks fetch their groups from the
     object store (``bytes/learner_fetch``) while the driver sends plans only."""
     from maskgrpo_ray.data_plane import RolloutRefs
-    from maskgrpo_ray.rewards.rules import ToyRuleReward
+    from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
     ex = executor
     ex.fleet.scale_rollout(1)  # one chunk a call, whatever the tests before left (the bound's case)

@@ -18,12 +18,12 @@ import torch
 from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.rewards.base import CompositeReward
-from maskgrpo_ray.rewards.rules import ToyRuleReward
 from maskgrpo_ray.step import driver
 from maskgrpo_ray.step.local import LocalExecutor
 from maskgrpo_ray.step.phases import REWARD_FAILURE_KINDS, filter_groups, generate, score
+from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
+from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 G = 3

@@ -248,9 +248,9 @@ def test_activation_checkpointing_knob_gives_the_same_update():
     the recomputed forward runs the same kernels). The toy model has no such mode and says so."""
     import copy
 
-    from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
     from maskgrpo_ray.step.learner_core import apply_activation_checkpointing
     from maskgrpo_ray.step.learner_loss import accumulate_gradients
+    from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
     base, batch = _train_batch()
     out = []

@@ -18,8 +18,8 @@ import yaml
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import ConfigError, load_config
 from maskgrpo_ray.models.sim import SimModelConfig, SimPolicy, image_side, workload_of
-from maskgrpo_ray.models.toy import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.rewards.base import build_reward
+from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 TOY = Path(__file__).parents[1] / "configs" / "toy.yaml"
 SIM = Path(__file__).parents[1] / "configs" / "sim_showo512.yaml"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompts
-from maskgrpo_ray.rewards.rules import ToyRuleReward, judge
-from maskgrpo_ray.toyworld import Caption
+from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward, judge
+from maskgrpo_ray.worlds.toy.world import Caption
 
 
 def test_caption_round_trip_and_bad_prompt():

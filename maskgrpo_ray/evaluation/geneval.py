@@ -10,7 +10,7 @@ unchanged. Its summary reports per-tag accuracy and, as overall, the mean of the
 
 The metadata schema and the rule (:func:`evaluate_objects`) are
 :mod:`maskgrpo_ray.geneval_schema`; the toy world's scorer (:func:`score_toy`, the rule on its
-decoded pixels) is :mod:`maskgrpo_ray.toyworld`, where the toy model and the toy GenEval reward
+decoded pixels) is :mod:`maskgrpo_ray.worlds.toy.world`, where the toy model and the toy GenEval reward
 that use it find it without reaching into the evaluation. Both stay importable from here.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.geneval_schema import Obj, check_metadata, evaluate_objects, relations
-from maskgrpo_ray.toyworld import score_toy, toy_objects
+from maskgrpo_ray.worlds.toy.world import score_toy, toy_objects
 
 __all__ = [
     "Obj",

@@ -77,7 +77,7 @@ class ModelEntry:
 _MODELS: dict[str, ModelEntry] = {}
 _BUILTIN_MODELS = {
     "amused": "maskgrpo_ray.models.amused",
-    "toy": "maskgrpo_ray.models.toy",
+    "toy": "maskgrpo_ray.worlds.toy.model",
     "showo": "maskgrpo_ray.models.showo",
     "sim": "maskgrpo_ray.models.sim",  # a simulated accelerator (cost_model profiles)
 }
@@ -99,7 +99,7 @@ class PromptSet:
 
 
 _PROMPT_SETS: dict[str, PromptSet] = {}
-_BUILTIN_PROMPT_SETS = {"toy": "maskgrpo_ray.models.toy"}
+_BUILTIN_PROMPT_SETS = {"toy": "maskgrpo_ray.worlds.toy.model"}
 
 HOW_TO_REGISTER = (
     "a new kind is one module that calls maskgrpo_ray.models.registry.register_model(kind, "

@@ -40,12 +40,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.cost_model import CostProfile, resolve_profile
 from maskgrpo_ray.cost_model import workload_of as cost_workload_of
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy
 from maskgrpo_ray.models.registry import ModelEntry, register_model
-from maskgrpo_ray.models.toy import ToyPolicy, load_or_pretrain, spec_from_config
+from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.model import ToyPolicy, load_or_pretrain, spec_from_config
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import Config, ModelConfig

@@ -179,8 +179,8 @@ _TAKES_DEVICE: set[str] = set()
 _BUILTIN_KIND_MODULES = {
     "clip": "maskgrpo_ray.rewards.clip",
     "imagereward": "maskgrpo_ray.rewards.imagereward",
-    "toy_rules": "maskgrpo_ray.rewards.rules",
-    "toy_geneval": "maskgrpo_ray.rewards.rules",
+    "toy_rules": "maskgrpo_ray.worlds.toy.rewards",
+    "toy_geneval": "maskgrpo_ray.worlds.toy.rewards",
     "sim_cost": "maskgrpo_ray.rewards.sim_cost",
 }
 

@@ -5,7 +5,7 @@ An image is a ``grid x grid`` array of palette indices (0 = black background); e
 one image token and decodes to a ``cell_px x cell_px`` patch of its palette colour. A scene is
 *correct* for its caption when exactly ``count`` cells have the colour, all of them lie in
 the named half of the canvas, and no cell has any other colour: the GenEval-style check the
-rule reward (``maskgrpo_ray.rewards.rules``) applies to decoded pixels.
+rule reward (``maskgrpo_ray.worlds.toy.rewards``) applies to decoded pixels.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It stands in for Show-o in the embedded default: the same interface (``MaskedImagePolicy``),
 the same masked-token pre-training objective (Show-o's: mask a cosine-scheduled share of the
 image tokens, cross-entropy on the masked ones, 10% condition dropout for guidance), a palette
-decoder to RGB pixels instead of MAGVIT-v2, and captions from ``maskgrpo_ray.toyworld``.
+decoder to RGB pixels instead of MAGVIT-v2, and captions from ``maskgrpo_ray.worlds.toy.world``.
 Pre-training data is deliberately noisy (a share of the scenes miscount, misplace or add a dot)
 so the base model leaves clear room for RL to improve.
 """
@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.config import ToyModelConfig
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.registry import (
@@ -34,6 +33,7 @@ from maskgrpo_ray.models.registry import (
     register_model,
     register_prompt_set,
 )
+from maskgrpo_ray.worlds.toy import world as toyworld
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import Config, ModelConfig

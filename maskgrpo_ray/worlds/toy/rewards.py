@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from maskgrpo_ray import toyworld
 from maskgrpo_ray.rewards.base import register_reward
-from maskgrpo_ray.toyworld import Caption
+from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.world import Caption
 
 
 def judge(images: torch.Tensor, prompts: Sequence[str], grid: int) -> dict[str, torch.Tensor]:
