@@ -37,6 +37,7 @@ from maskgrpo_ray.config.policy import (
     RolloutConfig,
     ShowoModelConfig,
     ToyModelConfig,
+    ShapesModelConfig,
 )
 from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config.training import (
@@ -68,6 +69,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "ShowoModelConfig",
+    "ShapesModelConfig",
     "ToyModelConfig",
     "TrainConfig",
     "load_config",

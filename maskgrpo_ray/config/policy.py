@@ -42,6 +42,45 @@ class ToyModelConfig(Strict):
         return self
 
 
+class ShapesModelConfig(Strict):
+    """The GenEval-shaped world (docs/shapes_world.md): its canvas and tokenizer, the base
+    policy's size and pre-training, and the reward model's (all pre-trained once, cached)."""
+
+    grid: int = Field(8, ge=4, description="image tokens per side (L = grid * grid)")
+    patch_px: int = Field(4, ge=3, description="pixels per token side (the canvas is grid * patch_px)")
+    max_codes: int = Field(
+        512, ge=16, description="the tokenizer's codebook size limit (k-means over the patches)"
+    )
+    codebook_renders: int = Field(
+        20000, ge=100, description="random renders the tokenizer's codebook is learned from"
+    )
+    d_model: int = Field(128, ge=8, description="policy transformer width (divisible by heads)")
+    layers: int = Field(4, ge=1, description="policy transformer blocks")
+    heads: int = Field(4, ge=1, description="attention heads per block")
+    ff_mult: int = Field(3, ge=1, description="feed-forward width in units of d_model")
+    pretrain_steps: int = Field(3000, ge=0, description="pre-training updates of the base policy")
+    pretrain_batch: int = Field(64, ge=1, description="renders per pre-training update")
+    pretrain_lr: float = Field(2e-3, gt=0, description="pre-training peak learning rate")
+    noise_prob: float = Field(
+        0.0, ge=0, le=1, description="share of pre-training captions that describe a near miss"
+    )
+    reward_dim: int = Field(128, ge=8, description="the reward model's embedding size")
+    reward_width: int = Field(64, ge=8, description="the reward model's tower width")
+    reward_steps: int = Field(1500, ge=0, description="the reward model's training updates")
+    reward_batch: int = Field(96, ge=8, description="distinct prompts per reward-model update")
+    reward_lr: float = Field(2e-3, gt=0, description="the reward model's peak learning rate")
+    seed: int = Field(0, description="seed of the world's pre-training (tokenizer, base, reward)")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ShapesModelConfig:
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"model.shapes.d_model={self.d_model} is not divisible by model.shapes.heads="
+                f"{self.heads}: attention splits d_model evenly across heads; change one of them"
+            )
+        return self
+
+
 class ShowoModelConfig(Strict):
     """Show-o (Phi-1.5 transformer + MAGVIT-v2 tokenizer), from local folders or the HF cache."""
 
@@ -105,7 +144,10 @@ class ModelConfig(Strict):
 
     kind: str = Field(
         "toy",
-        description="registered model kind: 'toy', 'showo', or one registered by model.plugins",
+        description=(
+            "registered model kind: 'toy', 'shapes', 'showo', 'amused', 'sim', or one "
+            "registered by model.plugins"
+        ),
     )
     plugins: list[str] = Field(
         default_factory=list,
@@ -116,6 +158,9 @@ class ModelConfig(Strict):
     )
     toy: ToyModelConfig = Field(
         ToyModelConfig(), description="settings of the toy model (kind 'toy')"
+    )
+    shapes: ShapesModelConfig = Field(
+        ShapesModelConfig(), description="settings of the GenEval-shaped world (kind 'shapes')"
     )
     showo: ShowoModelConfig = Field(
         ShowoModelConfig(), description="settings of Show-o (kind 'showo')"

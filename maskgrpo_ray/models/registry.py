@@ -78,6 +78,7 @@ _MODELS: dict[str, ModelEntry] = {}
 _BUILTIN_MODELS = {
     "amused": "maskgrpo_ray.models.amused",
     "toy": "maskgrpo_ray.worlds.toy.model",
+    "shapes": "maskgrpo_ray.worlds.shapes.model",
     "showo": "maskgrpo_ray.models.showo",
     "sim": "maskgrpo_ray.models.sim",  # a simulated accelerator (cost_model profiles)
 }
@@ -99,7 +100,10 @@ class PromptSet:
 
 
 _PROMPT_SETS: dict[str, PromptSet] = {}
-_BUILTIN_PROMPT_SETS = {"toy": "maskgrpo_ray.worlds.toy.model"}
+_BUILTIN_PROMPT_SETS = {
+    "toy": "maskgrpo_ray.worlds.toy.model",
+    "shapes": "maskgrpo_ray.worlds.shapes.model",
+}
 
 HOW_TO_REGISTER = (
     "a new kind is one module that calls maskgrpo_ray.models.registry.register_model(kind, "

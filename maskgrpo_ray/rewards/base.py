@@ -181,6 +181,8 @@ _BUILTIN_KIND_MODULES = {
     "imagereward": "maskgrpo_ray.rewards.imagereward",
     "toy_rules": "maskgrpo_ray.worlds.toy.rewards",
     "toy_geneval": "maskgrpo_ray.worlds.toy.rewards",
+    "shapes_clip": "maskgrpo_ray.worlds.shapes.rewards",
+    "shapes_judge": "maskgrpo_ray.worlds.shapes.rewards",
     "sim_cost": "maskgrpo_ray.rewards.sim_cost",
 }
 

@@ -1,0 +1,185 @@
+"""The shapes world's judge: a detector on decoded pixels and GenEval's rule on what it finds.
+
+Detection (:func:`detect`), exact for the world's renders and strict for anything else:
+
+1. every pixel takes the nearest palette colour (background or one of the world's colours);
+2. connected components of one colour (4-neighbours) are the candidate objects;
+3. a component is an object of class ``c`` when its bounding box is square and its pixels
+   match ``c``'s mask at that side with intersection-over-union at least :data:`MIN_IOU`
+   (0.95: one wrong pixel in the smallest object passes, a wrong token's worth never does);
+   anything else is a malformed object (``class "malformed"``): a blob of the right colour is
+   not a square, half a circle is not a circle.
+
+The object's place is its box centre in token units. GenEval's rule
+(:func:`maskgrpo_ray.geneval_schema.evaluate_objects`) then judges the objects against a prompt's
+metadata: the includes hold (counts, colours, relations between box centres) and no exclude is
+met. Malformed objects match no class, so they never satisfy an include; like any extra object
+they fail an image only through an exclude.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from maskgrpo_ray.geneval_schema import Obj as RuleObj
+from maskgrpo_ray.geneval_schema import evaluate_objects, relations
+from maskgrpo_ray.worlds.shapes.scenes import CLASSES, COLOUR_NAMES, PALETTE, shape_mask
+
+MIN_IOU = 0.95
+MALFORMED = "malformed"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object: ``cls`` (a class of :data:`CLASSES` or ``"malformed"``), its colour,
+    its box ``(top, left, height, width)`` in pixels, and its box centre ``xy`` in token units."""
+
+    cls: str
+    colour: str
+    box: tuple[int, int, int, int]
+    xy: tuple[float, float]
+    iou: float
+
+
+def palette_indices(images: torch.Tensor) -> torch.Tensor:
+    """Nearest palette colour of every pixel: uint8 ``[N, H, W, 3]`` -> long ``[N, H, W]``."""
+    pal = torch.from_numpy(PALETTE).float()  # [K, 3]
+    d = ((images.float()[..., None, :] - pal) ** 2).sum(-1)  # [N, H, W, K]
+    return d.argmin(-1)
+
+
+def components(indices: torch.Tensor) -> torch.Tensor:
+    """Connected components of equal non-zero colour (4-neighbours): long ``[N, H, W]``, 0 on
+    the background, else the smallest flat pixel index + 1 of the component."""
+    n, h, w = indices.shape
+    fg = indices > 0
+    big = h * w + 1
+    init = torch.arange(1, h * w + 1).view(1, h, w).expand(n, h, w)
+    labels = torch.where(fg, init, torch.full_like(init, big))
+    while True:
+        new = labels.clone()
+        for dim, step in ((1, 1), (1, -1), (2, 1), (2, -1)):
+            shifted_lab = torch.roll(labels, step, dims=dim)
+            shifted_idx = torch.roll(indices, step, dims=dim)
+            edge = torch.zeros_like(fg)  # the wrapped row or column is no neighbour
+            if dim == 1:
+                edge[:, 0 if step == 1 else h - 1, :] = True
+            else:
+                edge[:, :, 0 if step == 1 else w - 1] = True
+            same = fg & (shifted_idx == indices) & ~edge
+            new = torch.where(same, torch.minimum(new, shifted_lab), new)
+        if torch.equal(new, labels):
+            return torch.where(fg, labels, torch.zeros_like(labels))
+        labels = new
+
+
+def classify(mask: np.ndarray) -> tuple[str, float]:
+    """The class of one component's cropped mask (bool ``[h, w]``) and its IoU with that class's
+    mask; ``"malformed"`` unless the box is square and the best IoU reaches :data:`MIN_IOU`."""
+    h, w = mask.shape
+    if h != w or h < 2:
+        return MALFORMED, 0.0
+    best, best_iou = MALFORMED, 0.0
+    for cls in CLASSES:
+        t = shape_mask(cls, h)
+        iou = float((t & mask).sum() / (t | mask).sum())
+        if iou > best_iou:
+            best, best_iou = cls, iou
+    return (best if best_iou >= MIN_IOU else MALFORMED), best_iou
+
+
+def detect(images: torch.Tensor, patch_px: int) -> list[list[Detection]]:
+    """The objects of each image uint8 ``[N, H, W, 3]``, sorted by position."""
+    idx = palette_indices(images.cpu())
+    labels = components(idx).numpy()
+    idx_np = idx.numpy()
+    out: list[list[Detection]] = []
+    for lab, colours in zip(labels, idx_np, strict=True):
+        found = []
+        for comp in np.unique(lab):
+            if comp == 0:
+                continue
+            rows, cols = np.nonzero(lab == comp)
+            top, left = int(rows.min()), int(cols.min())
+            h, w = int(rows.max()) - top + 1, int(cols.max()) - left + 1
+            crop = lab[top : top + h, left : left + w] == comp
+            cls, iou = classify(crop)
+            colour = COLOUR_NAMES[int(colours[rows[0], cols[0]]) - 1]
+            xy = ((left + w / 2) / patch_px, (top + h / 2) / patch_px)
+            found.append(Detection(cls, colour, (top, left, h, w), xy, iou))
+        out.append(sorted(found, key=lambda d: (d.box[0], d.box[1])))
+    return out
+
+
+def rule_objects(dets: Sequence[Detection]) -> dict[str, list[RuleObj]]:
+    """Detections as the GenEval rule reads them: class -> ``{"color", "xy"}`` objects."""
+    out: dict[str, list[RuleObj]] = {}
+    for d in dets:
+        out.setdefault(d.cls, []).append({"color": d.colour, "xy": d.xy, "region": set()})
+    return out
+
+
+def clause_credit(objects: Mapping[str, list[RuleObj]], meta: Mapping[str, Any]) -> float:
+    """Partial credit in [0, 1]: the share of the metadata's clauses (includes and excludes)
+    that hold, each include judged alone (a relation against every object of its target's
+    class and colour)."""
+    clauses = list(meta["include"]) + list(meta.get("exclude", []))
+    held = 0
+    for req in meta["include"]:
+        found = [o for o in objects.get(req["class"], []) if o["color"] == req.get("color", o["color"])]
+        ok = len(found) >= req["count"]
+        if ok and "position" in req:
+            rel, target = req["position"]
+            t = meta["include"][target]
+            group = [o for o in objects.get(t["class"], []) if o["color"] == t.get("color", o["color"])]
+            ok = bool(group) and all(rel in relations(o["xy"], g["xy"]) for o in found for g in group)
+        held += int(ok)
+    held += sum(len(objects.get(req["class"], [])) < req["count"] for req in meta.get("exclude", []))
+    return held / len(clauses)
+
+
+def judge(
+    images: torch.Tensor, metas: Sequence[Mapping[str, Any]], patch_px: int
+) -> dict[str, torch.Tensor]:
+    """GenEval's rule on each image uint8 ``[N, H, W, 3]`` against its metadata line.
+
+    Returns float ``[N]`` tensors: ``geneval`` (0/1: the image is correct), ``credit`` (the
+    share of clauses that hold) and ``malformed`` (the number of malformed objects).
+    """
+    if images.shape[0] != len(metas):
+        raise ValueError(f"{images.shape[0]} images but {len(metas)} metadata lines")
+    dets = detect(images, patch_px)
+    correct, credit, bad = [], [], []
+    for d, meta in zip(dets, metas, strict=True):
+        objs = rule_objects(d)
+        correct.append(float(evaluate_objects(objs, meta)))
+        credit.append(clause_credit(objs, meta))
+        bad.append(float(sum(x.cls == MALFORMED for x in d)))
+    return {
+        "geneval": torch.tensor(correct),
+        "credit": torch.tensor(credit),
+        "malformed": torch.tensor(bad),
+    }
+
+
+def layout_key(dets: Sequence[Detection]) -> tuple[tuple[Any, ...], ...]:
+    """A detected layout as a hashable key (class, colour, box of every object): two images
+    with the same key show the same objects at the same places."""
+    return tuple((d.cls, d.colour, d.box) for d in dets)
+
+
+def layout_features(images: torch.Tensor, patch_px: int) -> torch.Tensor:
+    """An image embedding that is not the reward model's: the palette colour that covers most of
+    each token's patch, one-hot, float ``[N, L * (1 + colours)]`` (``1 - cos`` of two images
+    is then the share of tokens whose dominant colour differs)."""
+    idx = palette_indices(images.cpu())  # [N, H, W]
+    n, h, w = idx.shape
+    k = len(PALETTE)
+    onehot = torch.nn.functional.one_hot(idx, k).float()  # [N, H, W, K]
+    patches = onehot.view(n, h // patch_px, patch_px, w // patch_px, patch_px, k).sum((2, 4))
+    return torch.nn.functional.one_hot(patches.argmax(-1), k).flatten(1).float()

@@ -1,0 +1,122 @@
+"""The shapes world's rewards: the learned contrastive model (``shapes_clip``, the world's
+default reward, as CLIP is the paper's) and the judge's rule (``shapes_judge``, the evaluator:
+its ``accuracy`` is GenEval's correctness; as a reward it is the second choice, a rule reward).
+
+Both read decoded pixels, never tokens. A prompt outside the world's grammar scores NaN for
+``shapes_judge`` (the driver counts and skips it); ``shapes_clip`` scores any prompt of the
+world's vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from maskgrpo_ray.rewards.base import ModelReward, register_reward
+from maskgrpo_ray.worlds.shapes import judge as judging
+from maskgrpo_ray.worlds.shapes import scenes
+from maskgrpo_ray.worlds.shapes.policy import WorldSpec
+from maskgrpo_ray.worlds.shapes.reward_model import RewardModelSpec, load_or_train, score
+
+JUDGE_TERMS = ("credit+correct", "credit", "correct")
+
+
+class ShapesClipReward(ModelReward):
+    """The world's contrastive reward model: ``exp(logit_scale) * cos(image, prompt)``
+    (``score="cosine"``: ``cos`` alone), float ``[N]``; ``embed`` is its image tower."""
+
+    def __init__(self, spec: RewardModelSpec, score_kind: str = "logits", name: str = "shapes_clip") -> None:
+        if score_kind not in ("logits", "cosine"):
+            raise ValueError(f"shapes_clip reward: score={score_kind!r} must be 'logits' or 'cosine'")
+        self._setup(name, "cpu", 256, "tensor")
+        self.model = load_or_train(spec)
+        self.score_kind = score_kind
+
+    def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        self._scored += len(prompts)
+        out = score(self.model, images.cpu(), list(prompts))
+        if self.score_kind == "cosine":
+            out = out / self.model.logit_scale.clamp(max=4.6052).exp()
+        return out.float()
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The reward model's image embedding (unit vectors), float ``[N, dim]``."""
+        with torch.no_grad():
+            return self.model.encode_image(images.cpu()).float()
+
+
+@register_reward("shapes_clip", embeds=True)
+def build_shapes_clip(
+    grid: int = 8,
+    patch_px: int = 4,
+    max_codes: int = 512,
+    codebook_renders: int = 20000,
+    seed: int = 0,
+    dim: int = 128,
+    width: int = 64,
+    steps: int = 1500,
+    batch: int = 96,
+    lr: float = 2e-3,
+    score: str = "logits",
+    name: str = "shapes_clip",
+) -> ShapesClipReward:
+    """Factory: the world's settings (``model.shapes``'s, which the model kind passes as
+    defaults) and ``score`` (``logits`` or ``cosine``)."""
+    world = WorldSpec(grid, patch_px, max_codes, codebook_renders, seed)
+    spec = RewardModelSpec(world, dim, width, steps, batch, lr, seed)
+    return ShapesClipReward(spec, score, name)
+
+
+class ShapesJudgeReward:
+    """GenEval's rule on the detector's objects, per image: ``credit`` (the share of the
+    prompt's clauses that hold) + ``correct`` (1 when all hold) by default, in [0, 2];
+    ``accuracy`` is ``correct`` (the world's GenEval proxy); ``embed`` the token-level colour
+    layout (:func:`~maskgrpo_ray.worlds.shapes.judge.layout_features`), an embedding that is
+    not the reward model's."""
+
+    name = "shapes_judge"
+
+    def __init__(self, patch_px: int = 4, terms: str = "credit+correct") -> None:
+        if terms not in JUDGE_TERMS:
+            raise ValueError(f"shapes_judge reward: terms={terms!r} must be one of {JUDGE_TERMS}")
+        self.patch_px, self.terms = patch_px, terms
+
+    def _judge(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        metas, ok = [], []
+        for p in prompts:
+            try:
+                metas.append(scenes.parse(p).metadata())
+                ok.append(True)
+            except ValueError:
+                metas.append({"include": [{"class": "none", "count": 1}]})
+                ok.append(False)
+        out = judging.judge(images, metas, self.patch_px)
+        bad = ~torch.tensor(ok)
+        return {k: torch.where(bad, torch.nan, v) for k, v in out.items()}
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        j = self._judge(images, prompts)
+        if self.terms == "credit":
+            return j["credit"]
+        if self.terms == "correct":
+            return j["geneval"]
+        return j["credit"] + j["geneval"]
+
+    def accuracy(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self._judge(images, prompts)["geneval"]
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return judging.layout_features(images, self.patch_px)
+
+
+@register_reward("shapes_judge", embeds=True)
+def build_shapes_judge(
+    grid: int = 8, patch_px: int = 4, terms: str = "credit+correct", name: str = "shapes_judge"
+) -> ShapesJudgeReward:
+    """Factory: ``patch_px`` from the world (``grid`` is accepted for the world's defaults);
+    ``terms``: ``credit+correct``, ``credit`` or ``correct``."""
+    del grid
+    r = ShapesJudgeReward(patch_px, terms)
+    r.name = name
+    return r
