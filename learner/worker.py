@@ -45,6 +45,7 @@ from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.safe_files import deepspeed_accelerator
 from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
 from maskgrpo_ray.step.learner_core import (
     UpdatePlan,
@@ -248,7 +249,8 @@ class LearnerWorker(ActorProcess):
         """Join the group and build the engine (from ``initial``'s weights when given: a
         learner restarted without a checkpoint; the KL reference stays the base model); returns
         the number of trained parameters."""
-        import deepspeed
+        with deepspeed_accelerator(self.device.type):  # DeepSpeed on this rank's device
+            import deepspeed
 
         if initial is not None:
             self.policy.load_state_dict(initial, strict=False)

@@ -18,13 +18,18 @@ local folders, prompts and files checked, an existing checkpoint resumed (``resu
 A bad input raises a :class:`~maskgrpo_ray.errors.UserError` (one line: the field, the value,
 the fix) before anything starts; a failed run raises :class:`~maskgrpo_ray.step.driver.RunFailed`.
 Nothing here configures logging: ``logging.basicConfig(level=logging.INFO)`` shows the commands'
-progress lines. Importing this module loads no torch and no ray (the functions do).
+progress lines. Where :func:`train` wrote is said in one line all the same (the log's, when
+logging shows this module's INFO lines; else on stderr, beside the progress bar), and the
+summary carries it as an absolute path. Importing this module loads no torch and no ray (the
+functions do).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,8 @@ from maskgrpo_ray.config import Config
 from maskgrpo_ray.config import load_config as _load_config
 
 __all__ = ["evaluate", "load_config", "plan", "train", "validate"]
+
+log = logging.getLogger(__name__)
 
 ConfigSource = str | Path | Mapping[str, Any] | Config | None
 Overrides = Sequence[str] | Mapping[str, Any] | None
@@ -76,7 +83,10 @@ def train(
     backend: str | None = None,
 ) -> dict[str, Any]:
     """``maskgrpo train``: run Mask-GRPO and return the run's summary (``summary.json``'s
-    content) with ``run_dir`` added.
+    content) with ``run_dir`` added (absolute), which one line (``run directory: ...``, as the
+    command's last) also names when the run ends.
+    On the toy, ``final_accuracy`` is the held-out accuracy after training (the share of the
+    evaluation prompts' samples the toy's rules judge right; ``base_accuracy`` the same before).
 
     Args:
         config, overrides: the run's config (see the module's docstring).
@@ -89,7 +99,18 @@ def train(
 
     items = _override_items(overrides) + ([f"run.backend={backend}"] if backend else [])
     summary, where = train_command(_source(config), items, run_dir, resume)
+    where = Path(where).absolute()
+    _say(f"run directory: {where}")  # the command's last line, here for a user of the API
     return {**summary, "run_dir": str(where)}
+
+
+def _say(line: str) -> None:
+    """``line`` to the log when logging shows this module's INFO lines, else on stderr: a
+    user who configured no logging still learns it, and nobody reads it twice."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _namespace(register: Callable[[Any], None], command: str, **values: Any) -> argparse.Namespace:
@@ -120,9 +141,9 @@ def evaluate(
     """``maskgrpo eval``: generate for ``prompts`` with each of ``weights`` (``"base"``, a run
     directory, a checkpoint folder or a weights file; ``"LABEL=SOURCE"`` names one), score, and
     write images, ``report.md``/``.html``/``.json`` and ``summary.json`` under ``out``. Returns
-    the report (``means``: per model, the mean of every metric) with ``out`` added. ``config``
-    defaults to the first run directory's saved config; ``metrics`` adds metrics besides
-    ``eval.metrics`` (dicts of :class:`~maskgrpo_ray.config.metrics.MetricSpec`'s
+    the report (``means``: per model, the mean of every metric) with ``out`` added
+    (absolute). ``config`` defaults to the first run directory's saved config; ``metrics`` adds
+    metrics besides ``eval.metrics`` (dicts of :class:`~maskgrpo_ray.config.metrics.MetricSpec`'s
     fields, or ``--metric``'s ``"kind=fid,weights=...,reference_dir=..."``)."""
     from maskgrpo_ray.evaluation import cli as eval_cli
 
@@ -141,7 +162,7 @@ def evaluate(
         metric=list(metrics),
     )
     report, where = eval_cli.evaluate(args)
-    return {**report, "out": str(where)}
+    return {**report, "out": str(Path(where).absolute())}
 
 
 def plan(

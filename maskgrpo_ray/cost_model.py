@@ -156,7 +156,8 @@ def showo_profile(
         name=name,
         device=device,
         source=(
-            f"FLOP model (bench/bench_gpu.py, cost_model.SHOWO_FLOPS): {image_pass:.3g} FLOP per "
+            "FLOP model (maskgrpo_ray.cost_model.SHOWO_FLOPS; python -m pydoc "
+            f"maskgrpo_ray.cost_model): {image_pass:.3g} FLOP per "
             f"image pass at L={tokens} incl. attention; rollout {rollout_mfu:.0%} MFU (CFG 0, "
             f"one pass per image-step), learner {learner_mfu:.0%} MFU (3 passes per pair), "
             f"{device} bf16 peak {peak / 1e12:.0f} TFLOP/s; reward CLIP ViT-H-14 at 30% MFU; "

@@ -12,9 +12,11 @@ checkpoint. A refusal is one line naming the file, what it would import and the 
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +73,41 @@ def load_torch_file(path: str | Path, what: str = "a state file", allow: Iterabl
         raise _refusal(path, names, what) from None
 
 
+@contextmanager
+def deepspeed_accelerator(device_type: str) -> Iterator[None]:
+    """DeepSpeed imported inside this block takes ``device_type`` (``cuda`` or ``cpu``, the
+    device this process computes on) as its accelerator instead of probing for one.
+
+    Its probe, on a machine without CUDA, warns "Setting accelerator to CPU. If you have GPU or
+    other accelerator, we were unable to detect it." at every start: on the embedded default (a
+    CPU run by design) nothing to act on, and where a GPU was asked for and is missing,
+    :func:`maskgrpo_ray.build.resolve_device` already says so in our words. DeepSpeed keeps the
+    accelerator it picks on its first import, so ``DS_ACCELERATOR`` is set only for the block
+    (no child process inherits it); a value the user set wins.
+    """
+    if "DS_ACCELERATOR" in os.environ:
+        yield
+        return
+    os.environ["DS_ACCELERATOR"] = device_type
+    try:
+        yield
+    finally:
+        os.environ.pop("DS_ACCELERATOR", None)
+
+
 def deepspeed_globals() -> list[Any]:
     """The objects of :data:`DEEPSPEED_GLOBALS` that import here (for ``load_torch_file``'s
     ``allow`` on a DeepSpeed file: its model states name them)."""
     import importlib
 
     out = []
-    for name in sorted(DEEPSPEED_GLOBALS):
-        module, _, attr = name.rpartition(".")
-        try:
-            out.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError):
-            continue  # that DeepSpeed part is not installed: its files cannot name it either
+    with deepspeed_accelerator("cuda" if torch.cuda.is_available() else "cpu"):
+        for name in sorted(DEEPSPEED_GLOBALS):
+            module, _, attr = name.rpartition(".")
+            try:
+                out.append(getattr(importlib.import_module(module), attr))
+            except (ImportError, AttributeError):
+                continue  # that DeepSpeed part is not installed: its files cannot name it either
     return out
 
 

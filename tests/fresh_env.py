@@ -1,27 +1,38 @@
-"""A fresh virtual environment holding the built wheel and only what the wheel declares.
+"""A fresh virtual environment made by the README's "Installed with pip" lines, holding the
+built wheel and only what the wheel declares.
 
 A truly fresh ``pip install maskgrpo_ray-*.whl`` downloads several GB (torch with its CUDA
 libraries, Ray, DeepSpeed, ...), which tests cannot afford and CI cannot reach beyond PyPI in
-time. This builds the closest thing that still fails where a pip user would:
+time. This builds the closest thing that still fails where a pip user would, running the
+README's own lines (:func:`pip_section`) where it can:
 
-1. the wheel is built from the working tree (``pip wheel --no-deps --no-build-isolation``, from a
-   copy of the files git tracks or would track, so nothing ignored leaks in);
-2. its dependency closure is computed from the wheel's own ``Requires-Dist`` (core only, no
+1. a stock ``python -m venv`` (Python 3.11's pip 23 and setuptools 65, no ``wheel``: the
+   environment in which issue 42's ``--no-build-isolation`` build failed) and a copy of the
+   files git tracks or would track (nothing ignored leaks in), the "checkout";
+2. the README's build lines run there as written, in the venv (``python -m pip wheel`` with
+   pip's build isolation, which fetches setuptools and wheel from the package index), and what
+   they leave in the checkout besides ``dist/`` is an error;
+3. the wheel's dependency closure is computed from its own ``Requires-Dist`` (core only, no
    extras), recursively through each installed distribution's metadata (markers evaluated,
-   ``ray[default]``'s extra followed);
-3. a fresh ``python -m venv`` (with its own pip) gets one ``.pth`` line pointing at a folder of
+   ``ray[default]``'s extra followed); the venv gets one ``.pth`` line pointing at a folder of
    symlinks to exactly those distributions' files in this environment (their top-level packages
    and ``.dist-info`` folders, from each distribution's RECORD; a namespace folder shared with a
    distribution outside the closure, such as ``nvidia/``, is linked entry by entry), and their
    console scripts (``ray``) are written from their entry points;
-4. the wheel is installed into it with the fresh pip: ``pip install --no-deps the.whl``.
+4. the README's install lines run in the checkout, in the venv, as written but for one thing:
+   torch's CPU index (``--index-url https://download.pytorch.org/whl/cpu``) is beyond this
+   machine's reach, so its line runs without it (the torch it names is already there, from the
+   closure: pip finds it satisfied and fetches at most the packages the stock venv has too old,
+   setuptools). ``pip install`` of the wheel resolves its dependencies against the closure.
 
-What it catches: an import of a package the wheel does not declare (``ModuleNotFoundError``,
-as issue 34's matplotlib), a sub-package or data file missing from the wheel (the built-in
+What it catches: a build line that fails or litters the checkout, an install line that does
+not install, an import of a package the wheel does not declare (``ModuleNotFoundError``, as
+issue 34's matplotlib), a sub-package or data file missing from the wheel (the built-in
 configs), code that reads the repository instead of the installed package. What it does not:
-version floors (the closure is this environment's pinned versions), platform wheels, and a
-package that a declared dependency happens to bring (the ast test in
-``tests/test_dependencies.py`` holds direct imports to direct declarations).
+the CPU build of torch (the closure's torch is this environment's), version floors (the closure
+is this environment's pinned versions), platform wheels, and a package that a declared
+dependency happens to bring (the ast test in ``tests/test_dependencies.py`` holds direct
+imports to direct declarations).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import email.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,20 +72,6 @@ def source_copy(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
-
-
-def build_wheel(out: Path) -> Path:
-    """The package's wheel, built from a copy of the working tree into ``out``."""
-    src = source_copy(out / "src")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(out), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = out.glob("maskgrpo_ray-*.whl")
-    return wheel
 
 
 def wheel_requirements(wheel: Path) -> list[Requirement]:
@@ -175,22 +173,60 @@ def link_plan(wanted: dict[str, Distribution], path: list[str]) -> list[Path]:
     return sorted(links)
 
 
+README = ROOT / "README.md"
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+def pip_section(readme: str | None = None) -> tuple[str, list[list[str]]]:
+    """The README's "Installed with pip" section: its text and its ``bash`` blocks, each as its
+    command lines (blank lines and whole-line comments dropped): the build lines (in a
+    checkout), the install lines (in the checkout: they name ``dist/``), the commands (anywhere).
+    """
+    text = README.read_text() if readme is None else readme
+    start = text.index("## Installed with pip")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    lines = [
+        [x for x in b.splitlines() if x.strip() and not x.lstrip().startswith("#")] for b in blocks
+    ]
+    return section, lines
+
+
 @dataclass(frozen=True)
 class FreshEnv:
     root: Path  # the venv
     wheel: Path
     closure: tuple[str, ...]  # the distributions made importable, sorted
+    checkout: Path  # the copy of the working tree the README's build and install lines ran in
+    ran: tuple[tuple[str, str], ...] = ()  # (the line as run, its stdout and stderr)
 
     @property
     def bin(self) -> Path:
         return self.root / "bin"
 
     def env(self, home: Path) -> dict[str, str]:
-        """An environment for commands in the venv: its bin first, no PYTHONPATH, offline."""
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
-        env.update(PATH=f"{self.bin}:{env['PATH']}", HOME=str(home), HF_HUB_OFFLINE="1")
-        env["VIRTUAL_ENV"] = str(self.root)
-        return env
+        """An environment for commands in the venv (as ``activate`` makes it): its bin first, no
+        PYTHONPATH, hub downloads off."""
+        return venv_env(self.root, home)
+
+
+def venv_env(root: Path, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env.update(PATH=f"{root / 'bin'}:{env['PATH']}", HOME=str(home), HF_HUB_OFFLINE="1")
+    env["VIRTUAL_ENV"] = str(root)
+    return env
+
+
+def run_line(line: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    """One README line, run by bash as a user types it; its stdout and stderr, or an
+    AssertionError naming the line and showing the end of what it printed."""
+    out = subprocess.run(
+        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    printed = out.stdout + out.stderr
+    assert out.returncode == 0, f"README line {line!r} exited {out.returncode}:\n{printed[-3000:]}"
+    return printed
 
 
 def _console_scripts(wanted: dict[str, Distribution], bindir: Path) -> None:
@@ -209,12 +245,32 @@ def _console_scripts(wanted: dict[str, Distribution], bindir: Path) -> None:
 
 
 def make_fresh_env(tmp: Path) -> FreshEnv:
-    """Build the wheel, the venv, the closure's links; install the wheel with the venv's pip."""
-    wheel = build_wheel(tmp / "wheel")
+    """The README's build lines in a stock venv and a copy of the checkout, the closure's
+    links, then the README's install lines (the module's docstring says what each step is)."""
+    build, install = pip_section()[1][:2]
+    root = tmp / "venv"
+    base_python = Path(sysconfig.get_config_var("BINDIR")) / "python3"
+    subprocess.run([str(base_python), "-m", "venv", str(root)], check=True, timeout=300)
+    checkout = source_copy(tmp / "checkout")
+    env = venv_env(root, tmp / "home")
+    before = set(os.listdir(checkout))
+    ran = [(line, run_line(line, checkout, env)) for line in build]
+    left = set(os.listdir(checkout)) - before
+    assert left == {"dist"}, f"the README's build lines leave {sorted(left)} in the checkout"
+    (wheel,) = (checkout / "dist").glob("maskgrpo_ray-*.whl")
     path = clean_path()
     wanted = closure(wheel_requirements(wheel), path)
     wanted.pop("maskgrpo-ray", None)
-    exposed = tmp / "exposed"
+    _expose(wanted, path, tmp / "exposed", root)
+    _console_scripts(wanted, root / "bin")
+    for line in install:
+        runnable = line.replace(CPU_INDEX, "")  # beyond this machine's reach (docstring, 4.)
+        ran.append((runnable, run_line(runnable, checkout, env)))
+    return FreshEnv(root, wheel, tuple(sorted(wanted)), checkout, tuple(ran))
+
+
+def _expose(wanted: dict[str, Distribution], path: list[str], exposed: Path, root: Path) -> None:
+    """``wanted``'s files linked under ``exposed``, which one ``.pth`` puts on the venv's path."""
     exposed.mkdir()
     links = link_plan(wanted, path)
     for src in links:
@@ -223,9 +279,6 @@ def make_fresh_env(tmp: Path) -> FreshEnv:
         assert not inside, f"{src} lies inside the linked {inside[0]}: the plan is wrong"
         (exposed / rel).parent.mkdir(parents=True, exist_ok=True)
         (exposed / rel).symlink_to(src, target_is_directory=src.is_dir())
-    root = tmp / "venv"
-    base_python = Path(sysconfig.get_config_var("BINDIR")) / "python3"
-    subprocess.run([str(base_python), "-m", "venv", str(root)], check=True, timeout=300)
     purelib = subprocess.run(
         [
             str(root / "bin" / "python"),
@@ -237,14 +290,6 @@ def make_fresh_env(tmp: Path) -> FreshEnv:
         check=True,
     ).stdout.strip()
     Path(purelib, "_maskgrpo_closure.pth").write_text(f"{exposed}\n")
-    _console_scripts(wanted, root / "bin")
-    subprocess.run(
-        [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return FreshEnv(root, wheel, tuple(sorted(wanted)))
 
 
 def _site_of(path: Path, wanted: dict[str, Distribution]) -> Path:

@@ -5,8 +5,9 @@ address, or the job API's URL ``http://HOST:8265``: :func:`head_of_url` finds it
 Otherwise a new single-node cluster is started whose every listening socket is on 127.0.0.1:
 Ray listens on all interfaces by default, and on Ray 2.60 only
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ``ray`` is imported, inherited by the
-raylet and every worker) makes it bind to loopback. Token authentication stays as Ray sets it
-(on by default since 2.59 for local clusters); we never turn it off.
+raylet and every worker) makes it bind to loopback. Token authentication is on: for a local
+cluster we choose it ourselves (:func:`choose_token_auth`, what Ray's default would pick), and we
+never turn it off; an explicit ``RAY_AUTH_MODE`` is Ray's to obey.
 """
 
 from __future__ import annotations
@@ -55,6 +56,26 @@ def force_loopback() -> None:
     rc.ENABLE_RAY_CLUSTER = False  # the module constant is read at import time
 
 
+def choose_token_auth() -> str:
+    """Token authentication for the local cluster this process starts, chosen here: with
+    ``RAY_AUTH_MODE`` unset, Ray 2.59+ turns it on by itself and warns on every start "Token
+    authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out",
+    which tells a user of the embedded default nothing to do (the cluster listens on 127.0.0.1
+    only, and we keep the token on). Setting the mode to ``token`` is the same choice made
+    explicitly, so Ray has nothing to announce; the connect log line says it in our words. As
+    Ray does when it chooses, the setting is read again (``Config.initialize``: Ray caches its
+    config when imported). An explicit ``RAY_AUTH_MODE`` is left alone. Returns what the log
+    line says of it."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return f"RAY_AUTH_MODE={mode}"
+    from ray._raylet import Config  # type: ignore[attr-defined]  # not in its stubs
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
+    return "on"
+
+
 @dataclass(frozen=True)
 class ClusterHandle:
     address: str | None  # None: a local cluster this process started
@@ -99,8 +120,11 @@ def connect(
         ray.init(address=address)
         return ClusterHandle(address=address, started_local=False)
     force_loopback()
+    auth = choose_token_auth()
     log.info(
-        "starting a local Ray cluster bound to 127.0.0.1 (num_cpus=%s, num_gpus=%s)",
+        "starting a local Ray cluster bound to 127.0.0.1 (token authentication: %s; "
+        "num_cpus=%s, num_gpus=%s)",
+        auth,
         num_cpus,
         num_gpus,
     )
