@@ -4,11 +4,12 @@ Detection (:func:`detect`), exact for the world's renders and strict for anythin
 
 1. every pixel takes the nearest palette colour (background or one of the world's colours);
 2. connected components of one colour (4-neighbours) are the candidate objects;
-3. a component is an object of class ``c`` when its bounding box is square and its pixels
-   match ``c``'s mask at that side with intersection-over-union at least :data:`MIN_IOU`
-   (0.95: one wrong pixel in the smallest object passes, a wrong token's worth never does);
-   anything else is a malformed object (``class "malformed"``): a blob of the right colour is
-   not a square, half a circle is not a circle.
+3. a component is an object of class ``c`` when its bounding box is a square of an object's
+   side (``4 s - 2`` pixels for a box of ``s`` tokens: 6, 10 or 14) and its pixels match
+   ``c``'s mask at that side but for at most :data:`MAX_WRONG_PX` pixel (a stray pixel
+   passes; a wrong token's piece, 4 pixels or more, never does); anything else
+   is a malformed object (``class "malformed"``): a blob of the right colour is not a square,
+   half a circle is not a circle, a stray piece is no object.
 
 The object's place is its box centre in token units. GenEval's rule
 (:func:`maskgrpo_ray.geneval_schema.evaluate_objects`) then judges the objects against a prompt's
@@ -28,9 +29,9 @@ import torch
 
 from maskgrpo_ray.geneval_schema import Obj as RuleObj
 from maskgrpo_ray.geneval_schema import evaluate_objects, relations
-from maskgrpo_ray.worlds.shapes.scenes import CLASSES, COLOUR_NAMES, PALETTE, shape_mask
+from maskgrpo_ray.worlds.shapes.scenes import CLASSES, COLOUR_NAMES, PALETTE, SIZES, shape_mask
 
-MIN_IOU = 0.95
+MAX_WRONG_PX = 1
 MALFORMED = "malformed"
 
 
@@ -78,19 +79,26 @@ def components(indices: torch.Tensor) -> torch.Tensor:
         labels = new
 
 
-def classify(mask: np.ndarray) -> tuple[str, float]:
+def object_sides(patch_px: int) -> tuple[int, ...]:
+    """The pixel sides a well-formed object's box can have: one pixel inside a box of 2-4
+    tokens."""
+    return tuple(s * patch_px - 2 for s in SIZES)
+
+
+def classify(mask: np.ndarray, sides: tuple[int, ...]) -> tuple[str, float]:
     """The class of one component's cropped mask (bool ``[h, w]``) and its IoU with that class's
-    mask; ``"malformed"`` unless the box is square and the best IoU reaches :data:`MIN_IOU`."""
+    mask; ``"malformed"`` unless the box is a square of one of ``sides`` and the closest class's
+    mask differs in at most :data:`MAX_WRONG_PX` pixels."""
     h, w = mask.shape
-    if h != w or h < 2:
+    if h != w or h not in sides:
         return MALFORMED, 0.0
-    best, best_iou = MALFORMED, 0.0
+    best, best_iou, best_wrong = MALFORMED, 0.0, mask.size
     for cls in CLASSES:
         t = shape_mask(cls, h)
-        iou = float((t & mask).sum() / (t | mask).sum())
-        if iou > best_iou:
-            best, best_iou = cls, iou
-    return (best if best_iou >= MIN_IOU else MALFORMED), best_iou
+        wrong = int((t != mask).sum())
+        if wrong < best_wrong:
+            best, best_iou, best_wrong = cls, float((t & mask).sum() / (t | mask).sum()), wrong
+    return (best if best_wrong <= MAX_WRONG_PX else MALFORMED), best_iou
 
 
 def detect(images: torch.Tensor, patch_px: int) -> list[list[Detection]]:
@@ -98,6 +106,7 @@ def detect(images: torch.Tensor, patch_px: int) -> list[list[Detection]]:
     idx = palette_indices(images.cpu())
     labels = components(idx).numpy()
     idx_np = idx.numpy()
+    sides = object_sides(patch_px)
     out: list[list[Detection]] = []
     for lab, colours in zip(labels, idx_np, strict=True):
         found = []
@@ -108,7 +117,7 @@ def detect(images: torch.Tensor, patch_px: int) -> list[list[Detection]]:
             top, left = int(rows.min()), int(cols.min())
             h, w = int(rows.max()) - top + 1, int(cols.max()) - left + 1
             crop = lab[top : top + h, left : left + w] == comp
-            cls, iou = classify(crop)
+            cls, iou = classify(crop, sides)
             colour = COLOUR_NAMES[int(colours[rows[0], cols[0]]) - 1]
             xy = ((left + w / 2) / patch_px, (top + h / 2) / patch_px)
             found.append(Detection(cls, colour, (top, left, h, w), xy, iou))

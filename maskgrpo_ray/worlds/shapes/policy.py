@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.worlds.shapes import scenes, tokenizer
-from maskgrpo_ray.worlds.toy.model import _Block
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class PolicySpec:
     layers: int = 4
     heads: int = 4
     ff_mult: int = 3
+    local_mixing: bool = True
     pretrain_steps: int = 3000
     pretrain_batch: int = 64
     pretrain_lr: float = 2e-3
@@ -57,6 +59,34 @@ class PolicySpec:
     def cache_key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block over ``[prompt P | image L]``; with ``grid`` set, the image
+    tokens also mix with their 3 x 3 neighbours on the token grid (a depthwise convolution), the
+    local prior that tells a shape's corner piece where its edge pieces go."""
+
+    def __init__(self, d: int, heads: int, ff: int, grid: int | None) -> None:
+        super().__init__()
+        self.heads, self.grid = heads, grid
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, ff), nn.GELU(), nn.Linear(ff, d))
+        if grid is not None:
+            self.norm_local = nn.LayerNorm(d)
+            self.local = nn.Conv2d(d, d, 3, padding=1, groups=d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [N, P + L, d]
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(n, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = x + self.proj(a.transpose(1, 2).reshape(n, t, d))
+        if self.grid is not None:
+            g = self.grid
+            img = self.norm_local(x[:, t - g * g :]).transpose(1, 2).reshape(n, d, g, g)
+            mixed = self.local(img).reshape(n, d, g * g).transpose(1, 2)
+            x = torch.cat([x[:, : t - g * g], x[:, t - g * g :] + mixed], dim=1)
+        return x + self.mlp(self.norm2(x))
 
 
 class ShapesPolicy(MaskedImagePolicy):
@@ -74,8 +104,9 @@ class ShapesPolicy(MaskedImagePolicy):
         self.text_embed = nn.Embedding(len(scenes.WORDS), d)
         self.image_embed = nn.Embedding(self.codebook_size + 1, d)  # + mask
         self.pos = nn.Parameter(0.02 * torch.randn(scenes.PROMPT_TOKENS + self.num_image_tokens, d))
+        grid = w.grid if spec.local_mixing else None
         self.blocks = nn.ModuleList(
-            _Block(d, spec.heads, spec.ff_mult * d) for _ in range(spec.layers)
+            Block(d, spec.heads, spec.ff_mult * d, grid) for _ in range(spec.layers)
         )
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, self.codebook_size)

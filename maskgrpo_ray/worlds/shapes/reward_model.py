@@ -115,23 +115,26 @@ def malform(
     indices: np.ndarray, objs: list[scenes.Obj], patch_px: int, rng: np.random.Generator
 ) -> np.ndarray:
     """The render's palette indices ``[H, W]`` with one object malformed: one token of its box
-    blanked, filled solid with its colour, or taken from another shape at the same place."""
-    out = indices.copy()
-    o = objs[int(rng.integers(len(objs)))]
-    r = (o.row + int(rng.integers(o.size))) * patch_px
-    c = (o.col + int(rng.integers(o.size))) * patch_px
-    kind = int(rng.integers(3))
-    if kind == 0:
-        out[r : r + patch_px, c : c + patch_px] = 0
-    elif kind == 1:
-        out[r : r + patch_px, c : c + patch_px] = 1 + scenes.COLOUR_NAMES.index(o.colour)
-    else:
-        other = str(rng.choice([k for k in scenes.CLASSES if k != o.cls]))
-        alt = scenes.Obj(other, o.colour, o.row, o.col, o.size)
-        grid = indices.shape[0] // patch_px
-        src = scenes.render_indices([alt], grid, patch_px)
-        out[r : r + patch_px, c : c + patch_px] = src[r : r + patch_px, c : c + patch_px]
-    return out
+    blanked, filled solid with its colour, or taken from another shape at the same place (drawn
+    again until at least 4 pixels change: a solid inner token filled solid is no change, and
+    the detector lets one stray pixel pass)."""
+    grid = indices.shape[0] // patch_px
+    while True:
+        out = indices.copy()
+        o = objs[int(rng.integers(len(objs)))]
+        r = (o.row + int(rng.integers(o.size))) * patch_px
+        c = (o.col + int(rng.integers(o.size))) * patch_px
+        kind = int(rng.integers(3))
+        if kind == 0:
+            out[r : r + patch_px, c : c + patch_px] = 0
+        elif kind == 1:
+            out[r : r + patch_px, c : c + patch_px] = 1 + scenes.COLOUR_NAMES.index(o.colour)
+        else:
+            other = str(rng.choice([k for k in scenes.CLASSES if k != o.cls]))
+            src = scenes.render_indices([scenes.Obj(other, o.colour, o.row, o.col, o.size)], grid, patch_px)
+            out[r : r + patch_px, c : c + patch_px] = src[r : r + patch_px, c : c + patch_px]
+        if (out != indices).sum() >= 4:
+            return out
 
 
 def _near_miss_prompt(
