@@ -37,6 +37,7 @@ from maskgrpo_ray.step.figures import (
 from maskgrpo_ray.step.learner_core import LearnerLost
 from maskgrpo_ray.step.phases import make_train_batch
 from maskgrpo_ray.step.recovery import (
+    RUN_ENDS,
     Cadence,
     Checkpoints,
     Preemption,
@@ -225,13 +226,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     if resume_from is not None:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
-    if loop.runlog.rows:
-        log.warning(
-            "%s holds metrics of %d steps but no checkpoint: starting from step 0, dropping them",
-            loop.runlog.path,
-            len(loop.runlog.rows),
-        )
-        loop.runlog.truncate_from(0)
+    loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     loop.base = _evaluate(loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
@@ -374,6 +369,8 @@ def _run(
             cfg.train.steps,
         )
         return summary
+    if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
+        ckpts.save(next_step, loop.base, loop.totals)
     return _finish(loop, run_dir, start_step, t_start)
 
 

@@ -23,6 +23,7 @@ import torch
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.weights import FINAL_ADAPTER, FINAL_MERGED, FINAL_POLICY
 from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.safe_files import check_pickles, load_torch_file
 from maskgrpo_ray.step.collect import GroupSource
@@ -30,6 +31,9 @@ from maskgrpo_ray.step.executor import Executor
 from maskgrpo_ray.step.learner_core import LearnerLost
 
 log = logging.getLogger(__name__)
+
+# what the end of a run writes: a resume from an earlier step sets them aside (RunLog.supersede)
+RUN_ENDS = ("summary.json", FINAL_POLICY, FINAL_MERGED, FINAL_ADAPTER, "reward_curve.png")
 
 
 class RunFailed(RuntimeError):
@@ -125,7 +129,8 @@ class Checkpoints:
             source = {"stream": state["stream"], "filter": old.get("filter")}
         self.source.load_state_dict(source)
         start_step = int(state["next_step"])
-        self.runlog.truncate_from(start_step)
+        why = f"the run goes on from checkpoint {folder.name}"
+        self.runlog.supersede(start_step, RUN_ENDS, why)  # the rows it replaces, kept aside
         log.info("resumed from %s at step %d", folder, start_step)
         return start_step, dict(state["base"]), dict(state["totals"])
 
