@@ -113,9 +113,9 @@ class Checkpoints:
 
                 save_adapter(folder / "adapter", self.ex.policy_state(), self.cfg.model.lora)
 
-        cfg = self.cfg
+        cfg, t0 = self.cfg, time.monotonic()
         where = run_store(cfg.run, self.run_dir).save(next_step, write, cfg.run.keep_checkpoints)
-        log.info("checkpoint %s", where)
+        log.info("checkpoint %s (%.2f s)", where, time.monotonic() - t0)
 
     def restore(self, folder: Path) -> tuple[int, dict, dict]:
         """Executor, group source and driver counters from a checkpoint: (next step, base,
