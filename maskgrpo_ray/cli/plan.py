@@ -136,15 +136,16 @@ def _checkpoint(
     """A learner checkpoint of the profile's model at the recommended split's step time and
     the run's cadence (``--config``'s ``run.checkpoint_every_*``, ``learner.bf16`` and
     ``model.lora``; else the defaults, bf16 and full fine-tuning, as the Show-o configs)."""
-    from maskgrpo_ray.config import Config, load_config
+    from maskgrpo_ray.config import RunConfig, load_config
 
-    cfg = load_config(args.config, args.overrides) if args.config else Config()
     params = profile.weight_bytes // 2  # the profile's weight sync sends every tensor in bf16
-    bf16 = cfg.learner.bf16 if args.config else True
-    trained = 0 if cfg.model.lora is not None else params  # LoRA: the adapter's, negligible
+    run, bf16, trained = RunConfig(), True, params  # a profile alone: the defaults (no torch)
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+        run, bf16 = cfg.run, cfg.learner.bf16
+        trained = 0 if cfg.model.lora is not None else params  # LoRA: the adapter's, negligible
     nbytes = checkpoint_bytes(params, trained, bf16=bf16)
     step_s = work.images / plan.images_per_s
-    run = cfg.run
     return checkpoint_cost(nbytes, step_s, run.checkpoint_every_steps, run.checkpoint_every_minutes)
 
 
