@@ -61,12 +61,16 @@ def test_ray_job_stop_waits_longer_than_the_run_needs(rayjob, grace_s):
     )
 
 
-def test_every_pod_outlives_the_stop_wait(rayjob):
+def test_every_pod_outlives_the_stop_wait(rayjob, grace_s):
     """Every pod (the head with the driver, the workers with the learner ranks it checkpoints)
-    gets at least `ray job stop`'s wait between its SIGTERM and SIGKILL."""
+    gets at least `ray job stop`'s wait between its SIGTERM and SIGKILL, and a node that Ray
+    drains on a SIGTERM keeps its workers for the run's grace period."""
     job_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
     for pod in _pods(rayjob):
         assert pod["terminationGracePeriodSeconds"] >= _stop_wait(job_env)
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert float(env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"]) >= grace_s + MARGIN_S
 
 
 def test_the_cluster_launchers_containers_stop_slowly_enough(grace_s):
