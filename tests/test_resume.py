@@ -90,7 +90,7 @@ def _files(run):
 
 
 def test_a_completed_run_ends_with_a_checkpoint_and_resume_continues_or_leaves_it(
-    tmp_path, monkeypatch, caplog
+    tmp_path, monkeypatch, caplog, capsys
 ):
     """A run's end is a checkpoint (5 steps, cadence 2: steps 0, 2, 4 and the end's, 5). Its
     resume with the same train.steps says in one line that it is complete and changes no file
@@ -119,6 +119,12 @@ def test_a_completed_run_ends_with_a_checkpoint_and_resume_continues_or_leaves_i
     assert json.loads((aside / "summary.json").read_text()) == old_summary
     assert (aside / "final_policy.safetensors").exists() and not (aside / "metrics.jsonl").exists()
     assert latest_checkpoint(run).name == "step_000007"
+    # an unfinished run (no summary) whose checkpoint is past train.steps: refused, one line
+    (run / "summary.json").unlink()
+    caplog.clear()
+    assert main(["train", "--resume", str(run), "--set", "train.steps=5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.steps=5" in err[0] and "train.steps=7" in err[0], err
 
 
 def test_a_resume_to_an_earlier_checkpoint_keeps_the_rows_it_discards(
