@@ -1,4 +1,5 @@
-"""Run outputs: ``metrics.jsonl`` (one line a step), the reward-curve PNG, sample grids."""
+"""Run outputs: ``metrics.jsonl`` (one line a step), the reward-curve PNG, sample grids, and
+``superseded/``, where a resume moves what it replaces (:meth:`RunLog.supersede`)."""
 
 from __future__ import annotations
 

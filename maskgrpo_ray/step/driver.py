@@ -308,9 +308,12 @@ def train(
 
     With ``resume_from`` (a local checkpoint folder) the executor, the group source (prompt
     stream, filter) and the step counter are restored and the loop continues where the
-    checkpoint was taken. SIGTERM or SIGINT during the loop stops it at a step boundary
+    checkpoint was taken (what the earlier attempt wrote after it is moved aside:
+    ``RunLog.supersede``). SIGTERM or SIGINT during the loop stops it at a step boundary
     (:class:`~maskgrpo_ray.step.recovery.Preemption`): a checkpoint is written, ``summary.json``
-    says ``"completed": false`` and the final evaluation is skipped.
+    says ``"completed": false`` and the final evaluation is skipped. A run that completes its
+    steps checkpoints its last one before the final evaluation, so a resume with more
+    ``train.steps`` continues it.
     """
     runlog = RunLog(run_dir)
     t_start = time.perf_counter()

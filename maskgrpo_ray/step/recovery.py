@@ -3,7 +3,8 @@
 A checkpoint is the executor's files (weights, optimizer, RNG streams, version) and
 ``driver.pt``: the next step, the group source's state (prompt stream and filter history),
 the base evaluation and the run's totals. It is only ever taken between steps with no
-rollout in flight, so a resume is the run it continues.
+rollout in flight, so a resume is the run it continues. A restore sets aside what the run
+folder holds past the checkpoint (``RunLog.supersede``): history is moved, never overwritten.
 """
 
 from __future__ import annotations
@@ -222,7 +223,9 @@ class StepAbandoned(Exception):
 
 
 class Preemption:
-    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps.
+    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps. (The run's
+    actors and its own local cluster keep serving meanwhile: ``actors.base.outlive_sigterm``,
+    ``backend.cluster.sigterm_blocked``.)
 
     A signal during a step lets the step finish, unless it would leave too little of
     ``grace_s`` for the checkpoint (the longest save seen so far plus a margin): then a
