@@ -83,7 +83,7 @@ def refuse_relative_in_job(cfg: Config, arg: str | Path | None, job_dir: Path) -
     where = f"a relative path inside the Ray job's working directory {job_dir}, which Ray deletes"
     for field, value in (("--run-dir", arg), ("run.run_dir", cfg.run.run_dir)):
         if value and not Path(value).expanduser().is_absolute():
-            leave = "drop it for the default ~/maskgrpo-runs/<name>-<time>, or "
+            leave = f"drop it for the default ${RUNS_ENV} or ~/maskgrpo-runs/<name>-<time>, or "
             raise ConfigError(f"{field} {value}: {where}; {leave}{fix}")
     storage = cfg.run.storage
     if storage and "://" not in storage and not Path(storage).expanduser().is_absolute():
