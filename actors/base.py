@@ -3,13 +3,45 @@
 :class:`ActorProcess`: a ping (``ready``), the process id (``pid``) and node, what a pool, the driver
 and the weight sync wait on and what an operator or a fault drill signals. :class:`PoolActor`
 adds what a member of a rollout or reward pool has: its id, and the prompts' metadata that the
-reward components with ``uses_prompt_metadata`` read.
+reward components with ``uses_prompt_metadata`` read. Every actor of a run calls
+:func:`outlive_sigterm` first thing in its constructor.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def outlive_sigterm() -> None:
+    """A SIGTERM to this actor's process is logged and otherwise ignored.
+
+    When a cluster stops a job it signals every process at once (SLURM's ``scancel``, a group
+    signal, a node's shutdown); Ray's own handler would end this actor there, in the middle of
+    the step, and the driver's checkpoint after the step needs the learner ranks (their
+    weights and optimizer) and the actors of the step alive. So the decision is the driver's
+    alone: it finishes or abandons the step, writes the checkpoint within
+    ``run.preemption_grace_seconds`` and ends the actors (``ray.kill``, which needs no
+    signal). Nothing outlives that for long: Ray ends a job's actors when their driver exits
+    or dies, and whoever sent the SIGTERM sends SIGKILL after its grace period. (A local
+    cluster the driver started has SIGTERM blocked in all its processes anyway:
+    ``backend.cluster.sigterm_blocked``.) Only the main thread can set a handler; elsewhere
+    this does nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    log.warning(
+        "pid %d: SIGTERM ignored; this actor keeps serving the driver, which checkpoints "
+        "within run.preemption_grace_seconds and then ends the run's actors",
+        os.getpid(),
+    )
 
 
 def on_driver_node() -> dict[str, Any]:
@@ -81,6 +113,7 @@ class PoolActor(ActorProcess):
     """
 
     def __init__(self, actor_id: int) -> None:
+        outlive_sigterm()
         self.actor_id = actor_id
         self.prompt_meta: dict[str, Any] | None = None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from maskgrpo_ray.actors.base import ActorProcess, on_driver_node
+from maskgrpo_ray.actors.base import ActorProcess, on_driver_node, outlive_sigterm
 
 NAMESPACE = "maskgrpo"
 log = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ def control_name(run_name: str) -> str:
 
 class ControlActor(ActorProcess):
     def __init__(self) -> None:
+        outlive_sigterm()
         self.requested_rollout_actors: int | None = None
         self.status: dict[str, Any] = {}
 

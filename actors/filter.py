@@ -12,7 +12,7 @@ from typing import Any
 import ray
 import torch
 
-from maskgrpo_ray.actors.base import ActorProcess
+from maskgrpo_ray.actors.base import ActorProcess, outlive_sigterm
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.build import build_filter
 from maskgrpo_ray.settings import FilterSettings
@@ -21,6 +21,7 @@ from maskgrpo_ray.step.phases import FilterResult, filter_rewards
 
 class FilterActor(ActorProcess):
     def __init__(self, settings: FilterSettings) -> None:
+        outlive_sigterm()
         self.filt: StdHistoryFilter | None = build_filter(settings)
         self.batches = 0
         self.groups_kept = 0

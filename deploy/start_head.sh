@@ -11,6 +11,9 @@ set -euo pipefail
 ray_bin="${RAY_BIN:-ray}"
 token="${HOME}/.ray/auth_token"
 export RAY_AUTH_MODE=token
+# `ray job stop` waits this long between its SIGTERM and SIGKILL (Ray's default: 3 s); a run
+# needs run.preemption_grace_seconds (60) to checkpoint and exit 0
+export RAY_JOB_STOP_WAIT_TIME_S="${RAY_JOB_STOP_WAIT_TIME_S:-90}"
 umask 077 # anything this script creates (the token file included) is the owner's only
 if [[ ! -s "$token" ]]; then
     "$ray_bin" get-auth-token --generate >/dev/null

@@ -31,7 +31,7 @@ from typing import Any
 import ray
 import torch
 
-from maskgrpo_ray.actors.base import ActorProcess
+from maskgrpo_ray.actors.base import ActorProcess, outlive_sigterm
 from maskgrpo_ray.backend.cluster import apply_env_defaults
 from maskgrpo_ray.backend.weight_transfer import (
     Channel,
@@ -189,6 +189,7 @@ class LearnerWorker(ActorProcess):
         rank: int,
         world_size: int,
     ) -> None:
+        outlive_sigterm()  # the driver's checkpoint after a SIGTERM needs this rank
         apply_env_defaults()
         self.update_settings, self.learner = update, learner
         self.rank, self.world_size = rank, world_size

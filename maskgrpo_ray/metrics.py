@@ -1,9 +1,12 @@
-"""Run outputs: ``metrics.jsonl`` (one line a step), the reward-curve PNG, sample grids."""
+"""Run outputs: ``metrics.jsonl`` (one line a step), the reward-curve PNG, sample grids, and
+``superseded/``, where a resume moves what it replaces (:meth:`RunLog.supersede`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +16,9 @@ import torch
 from PIL import Image, ImageDraw
 
 from maskgrpo_ray.trackers import TrackerArgs, TrackerName, Trackers, open_trackers
+
+log = logging.getLogger(__name__)
+SUPERSEDED = "superseded"  # RUN_DIR/superseded/<time>-from-step_N/: what a later attempt replaced
 
 CURVES = (
     # (panel, metric key, legend label): what the reward-curve figure draws where logged
@@ -107,12 +113,45 @@ class RunLog:
         if isinstance(step, int):
             self.trackers.log_metrics(step, clean)
 
-    def truncate_from(self, step: int) -> None:
-        """Drop rows of ``step`` and later (a resumed run re-does them)."""
-        self.rows = [r for r in self.rows if r.get("step", -1) < step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-        tmp.replace(self.path)
+    def supersede(self, step: int, outputs: Sequence[str], why: str) -> Path | None:
+        """Set aside what a run going on from ``step`` replaces, so that the folder's files
+        describe one run and no history is lost: the rows of ``step`` and later, the sample
+        grids of those steps and the ``outputs`` of a run's end (``summary.json``, the final
+        policy, ...) that are there move to ``superseded/<UTC time>-from-step_NNNNNN/``
+        (``metrics.jsonl`` then holds the kept rows, written anew and renamed into place).
+        One WARNING names the folder, what moved and ``why``. Returns the folder (None:
+        nothing to move)."""
+        gone = [r for r in self.rows if r.get("step", -1) >= step]
+        grids = [g for g in (self.run_dir / "samples").glob("step_*.png") if _step_of(g) >= step]
+        ends = [self.run_dir / o for o in outputs if (self.run_dir / o).exists()]
+        if not (gone or grids or ends):
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.run_dir / SUPERSEDED / f"{stamp}-from-step_{step:06d}"
+        for n in range(1, 100):  # two in one second (a roll-back right after a resume)
+            if not aside.exists():
+                break
+            aside = aside.with_name(f"{stamp}-from-step_{step:06d}-{n}")
+        aside.mkdir(parents=True)
+        moved = []
+        if gone:
+            (aside / self.path.name).write_text("".join(json.dumps(r) + "\n" for r in gone))
+            self.rows = [r for r in self.rows if r.get("step", -1) < step]
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            tmp.replace(self.path)
+            steps = sorted({int(r["step"]) for r in gone})
+            moved.append(f"{len(gone)} rows of {self.path.name} (steps {steps[0]}-{steps[-1]})")
+        if grids:
+            (aside / "samples").mkdir()
+            for g in grids:
+                g.replace(aside / "samples" / g.name)
+            moved.append(f"{len(grids)} sample grids")
+        for f in ends:
+            f.replace(aside / f.name)
+        moved += [f.name for f in ends]
+        log.warning("%s: moved %s to %s", why, ", ".join(moved), aside.resolve())
+        return aside
 
     def plot_reward_curve(self, name: str = "reward_curve.png") -> Path:
         """The run's curves with labelled axes (:func:`reward_curve_figure`), as a PNG."""
@@ -157,6 +196,12 @@ class RunLog:
         if self.trackers.failures:
             summary["tracker_failures"] = dict(self.trackers.failures)
         write_json_atomic(self.run_dir / "summary.json", summary)
+
+
+def _step_of(grid: Path) -> int:
+    """The step of ``samples/step_000012.png`` (-1 for another name)."""
+    tail = grid.stem.removeprefix("step_")
+    return int(tail) if tail.isdigit() else -1
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

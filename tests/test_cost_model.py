@@ -15,8 +15,11 @@ from maskgrpo_ray.cost_model import (
     PROFILES,
     SHOWO_FLOPS,
     SHOWO_PARAMS,
+    CheckpointRates,
     CostProfile,
     Workload,
+    checkpoint_bytes,
+    checkpoint_cost,
     peak_bf16,
     pipeline_ideal,
     plan_split,
@@ -165,3 +168,42 @@ def test_plan_takes_the_workload_from_a_config(capsys):
     assert main(["plan", "--config", "configs/toy.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--profile" in err[0]
+
+
+def test_checkpoint_bytes_by_hand():
+    # fp32, all trained (the toy): 4 (weights) + 8 (Adam's two moments) = 12 bytes a parameter;
+    # its measured file is 887,399 bytes for 70,727 parameters: 848,724 and DeepSpeed's framing
+    assert checkpoint_bytes(70_727, 70_727, bf16=False) == 848_724
+    assert 848_724 < 887_399 < 1.05 * 848_724
+    # bf16 mixed precision: 2 (weights) + 4 (fp32 master) + 8 (Adam) = 14 bytes a parameter
+    assert checkpoint_bytes(SHOWO_PARAMS, SHOWO_PARAMS, bf16=True) == 14 * SHOWO_PARAMS
+    assert checkpoint_bytes(100, 0, bf16=True) == 200  # nothing trained: the weights alone
+
+
+def test_checkpoint_cost_takes_the_sooner_cadence():
+    rates = CheckpointRates(1e9, 1e9, 1e9, 2e9, fixed_s=1.0)
+    # 10 GB: 1 s fixed + 10 (rank's write) + 10 (to the driver) + 10 (driver's write) + 2 x 5 (sha)
+    assert rates.seconds(10**10) == pytest.approx(41.0)
+    # steps of 6 s: 100 steps = 600 s; 10 minutes lands at the boundary after 600 s: 606 s
+    by_steps = checkpoint_cost(10**10, 6.0, 100, 10.0, rates)
+    assert by_steps.interval_s == 600.0 and by_steps.overhead == pytest.approx(41 / 600)
+    assert by_steps.loses_s == pytest.approx(600 + 6 + 41)  # the interval, a step, a save
+    by_time = checkpoint_cost(10**10, 6.0, 200, 10.0, rates)
+    assert by_time.interval_s == 606.0
+    never = checkpoint_cost(10**10, 6.0, 0, 0.0, rates)
+    assert math.isinf(never.interval_s) and never.overhead == 0.0 and math.isinf(never.loses_s)
+
+
+def test_plan_prices_a_checkpoint_at_the_runs_cadence(capsys):
+    assert main(["plan", "--config", "configs/showo_512_clip.yaml", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ck = out["checkpoint"]
+    assert ck["bytes"] == 14 * SHOWO_PARAMS  # learner.bf16: true, no LoRA
+    step_s = out["workload"]["prompts_per_step"] * out["workload"]["samples_per_prompt"]
+    step_s /= out["images_per_s"]
+    assert ck["interval_s"] == pytest.approx(min(50 * step_s, 600 + step_s))  # its 50 steps
+    assert ck["seconds"] == pytest.approx(CheckpointRates().seconds(14 * SHOWO_PARAMS))
+    sets = ["--set", "run.checkpoint_every_steps=0", "--set", "run.checkpoint_every_minutes=30"]
+    assert main(["plan", "--config", "configs/showo_512_clip.yaml", *sets]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("checkpoint: 20.27 GB") and "every 30." in line, line

@@ -71,9 +71,10 @@ def test_drill_actors(clean, tmp_path, fault):
 @pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_learner_lost_with_the_default_cadence_rolls_back_to_the_start(clean, tmp_path):
-    """No ``checkpoint_every_steps`` (the toy config's default): the run's start is a
-    checkpoint (``run.checkpoint_every_minutes`` is on by default), so a learner killed at step
-    3 rolls the run back to step 0 and it completes, equal to the uninterrupted run."""
+    """The time cadence alone (``checkpoint_every_steps=0``; ``run.checkpoint_every_minutes``
+    is on by default, and its 10 minutes never come in this run): the run's start is a
+    checkpoint, so a learner killed at step 3 rolls the run back to step 0 and it completes,
+    equal to the uninterrupted run."""
     out = drill.run_one("learner", tmp_path / "run", ["run.checkpoint_every_steps=0"])
     row = drill.compare(clean, out)
     _check(row, "learner")

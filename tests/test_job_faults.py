@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,6 +121,29 @@ class Head:
         )
         assert out.returncode == 0, out.stderr[-3000:]
 
+    def submit_sh(self, args: list[str], sub_id: str) -> None:
+        """``deploy/submit.sh`` as docs/operations.md's local-head example runs it (the checkout
+        uploaded as the job's working directory), without waiting."""
+        cmd = ["bash", str(ROOT / "deploy" / "submit.sh"), "--address", self.url]
+        cmd += ["--submission-id", sub_id, "--no-wait", "--", *args]
+        deadline = time.monotonic() + 120
+        while True:  # a head just started may have no job agent up yet
+            out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
+            if "No available agent" not in out.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    def ray_job(self, *args: str) -> str:
+        """``ray job ARGS --address ...``: its output."""
+        cmd = [str(RAY), "job", *args, "--address", self.url]
+        out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=300)
+        return out.stdout + out.stderr
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.dash}"
+
     def status(self, sub_id: str) -> str:
         out = subprocess.run(
             [str(RAY), "job", "status", "--address", f"http://127.0.0.1:{self.dash}", sub_id],
@@ -131,6 +156,8 @@ class Head:
         for word in ("SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING"):
             if f"{sub_id}' {word.lower()}" in text or f"status: {word.lower()}" in text:
                 return word
+        if f"{sub_id}' was stopped" in text:  # Ray 2.60's line for a stopped job
+            return "STOPPED"
         if "currently running" in text:
             return "RUNNING"
         return text[-200:]
@@ -210,3 +237,101 @@ def test_driver_and_learner_killed_in_ray_jobs_end_bit_equal(tmp_path):
         assert _bit_equal(base, _weights(learner)), "learner kill"
     finally:
         head.stop()
+
+
+JOB_SMALL = [  # one actor of each kind: a job of a few steps that fits 2 cores quickly
+    "model.toy.pretrain_steps=20",
+    "train.prompts_per_step=3",
+    "rollout.unmasking_steps=4",
+    "eval.samples_per_prompt=1",
+    "filter.warmup_groups=2",
+    "rollout.num_actors=1",
+    "learner.num_workers=1",
+    "rollout.num_cpus_per_actor=0.25",
+    "reward.num_cpus_per_actor=0.25",
+    "learner.num_cpus_per_worker=0.25",
+    "logging.progress_bar=false",
+    "logging.sample_grid_every_steps=0",
+]
+
+
+def _train_args(steps: int, *extra: str) -> list[str]:
+    out = ["train", "--config", "configs/toy.yaml", *extra]
+    for s in [*JOB_SMALL, f"train.steps={steps}"]:
+        out += ["--set", s]
+    return out
+
+
+def _logged(pattern: str, text: str) -> str:
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in the job's log: {text[-3000:]}"
+    return found.group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not RAY.exists(), reason="the venv's ray executable")
+def test_a_jobs_run_folder_outlives_its_working_directory(tmp_path):
+    """The local-head example's command (deploy/submit.sh -- train --config configs/toy.yaml,
+    no --run-dir): the job runs in the working directory Ray unpacked, and its run folder goes
+    to ~/maskgrpo-runs/ instead, named absolute at the run's start and end. With the head
+    stopped and Ray's temporary folder (the session, the unpacked working directory) deleted,
+    the summary is still there."""
+    head = Head(tmp_path)
+    try:
+        head.submit_sh(_train_args(4), "plain")
+        assert head.wait("plain") == "SUCCEEDED"
+        text = head.ray_job("logs", "plain")
+    finally:
+        head.stop()
+    job_dir = Path(_logged(r"in the Ray job's working directory (\S+) ", text))
+    run_dir = Path(_logged(r"run directory: (\S+)", text))
+    home = Path(head.env["HOME"])
+    assert run_dir.parent == home / "maskgrpo-runs" and run_dir.name.startswith("toy-")
+    assert f"starting {run_dir} from step 0" in text and f"run folder: {run_dir}" in text
+    tmp_root = Path(head.env["RAY_TMPDIR"])
+    assert tmp_root in job_dir.parents and "_ray_pkg_" in job_dir.name
+    shutil.rmtree(tmp_root)  # Ray's session, with the job's working directory
+    assert not job_dir.exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] is True and summary["steps"] == 4
+    assert (run_dir / "final_policy.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not RAY.exists(), reason="the venv's ray executable")
+def test_ray_job_stop_checkpoints_and_the_same_job_resumes(tmp_path):
+    """`ray job stop` mid-run (SIGTERM to the job's driver, SIGKILL after
+    RAY_JOB_STOP_WAIT_TIME_S, which deploy/runtime_env.yaml sets): the driver writes a
+    checkpoint at most one step behind and exits by itself; the same command submitted again
+    finishes the run with every step once, bit-equal to an uninterrupted job."""
+    steps = 10
+    head = Head(tmp_path)
+    try:
+        clean, run = tmp_path / "clean", tmp_path / "run"
+        head.submit_sh(_train_args(steps, "--run-dir", str(clean)), "clean")
+        assert head.wait("clean") == "SUCCEEDED"
+        head.submit_sh(_train_args(steps, "--run-dir", str(run)), "stop-1")
+        deadline = time.monotonic() + 600
+        while _steps_done(run) < 2:
+            assert time.monotonic() < deadline, head.ray_job("logs", "stop-1")[-3000:]
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        head.ray_job("stop", "stop-1")  # waits for the job to stop
+        assert head.wait("stop-1", timeout=120) == "STOPPED"
+        took = time.monotonic() - t0
+        text = head.ray_job("logs", "stop-1")
+        assert "SIGTERM received" in text and "stopped by SIGTERM" in text, text[-3000:]
+        done = _steps_done(run)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["stopped_by"] == "SIGTERM" and done - 1 <= summary["resume_step"] <= done
+        head.submit_sh(_train_args(steps, "--run-dir", str(run)), "stop-2")
+        assert head.wait("stop-2") == "SUCCEEDED"
+    finally:
+        head.stop()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert _bit_equal(_weights(clean), _weights(run))
+    print(f"ray job stop to STOPPED: {took:.1f} s, after {done} of {steps} steps")

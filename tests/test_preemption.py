@@ -1,8 +1,11 @@
 """SIGTERM to a training driver: a checkpoint, exit 0 within the grace period, and the same
-command run again finishes the run with every step logged once."""
+command run again finishes the run with every step logged once. On the Ray backend the signal
+goes to every process of the run at once (its process group, and each of its processes), as
+``timeout``, SLURM's ``scancel`` or a container's stop deliver it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,10 +34,20 @@ SMALL = [
 ]
 
 
-def _command(run: Path) -> list[str]:
-    out = [sys.executable, "-m", "maskgrpo_ray.cli", "train", "--backend", "local"]
+RAY = [  # one actor of each kind, small CPU shares: the Ray run fits 2 cores
+    "rollout.num_actors=1",
+    "learner.num_workers=1",
+    "rollout.num_cpus_per_actor=0.25",
+    "reward.num_cpus_per_actor=0.25",
+    "learner.num_cpus_per_worker=0.25",
+    "logging.sample_grid_every_steps=0",
+]
+
+
+def _command(run: Path, backend: str = "local") -> list[str]:
+    out = [sys.executable, "-m", "maskgrpo_ray.cli", "train", "--backend", backend]
     out += ["--run-dir", str(run)]
-    for s in SMALL:
+    for s in SMALL + (RAY if backend == "ray" else []):
         out += ["--set", s]
     return out
 
@@ -85,6 +98,108 @@ def test_sigterm_checkpoints_exits_zero_and_the_same_command_resumes(tmp_path):
     print(f"SIGTERM to exit: {took:.2f} s; stopped after {len(done)} of {STEPS} steps")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process started under ``pid`` (its local Ray cluster: GCS, raylet, workers)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "final_policy.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(900)
+def test_sigterm_to_every_process_of_a_ray_run(tmp_path):
+    """The Ray-backend toy run in its own process group; mid-run SIGTERM to the group and to
+    every process under the driver (the local cluster's GCS, raylet and workers, the learner
+    rank among them). It exits 0 within the grace period with a checkpoint at most one step
+    behind; the same command finishes it, every step logged once, and its final weights are
+    bit-equal to an uninterrupted run's."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["MASKGRPO_CACHE_DIR"] = str(tmp_path / "cache")
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    ran = subprocess.run(_command(full, "ray"), env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            _command(cut, "ray"),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as `timeout` or a shell's job has
+        )
+        metrics = cut / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no second metrics line within 300 s"
+            time.sleep(0.02)
+        everyone = {pid: _cmdline(pid) for pid in _descendants(proc.pid)}
+        t_signal = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        for pid in everyone:  # the workers have process groups of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        rc = proc.wait(timeout=GRACE_S + 60)
+        took = time.monotonic() - t_signal
+    out = log_path.read_text()
+    assert rc == 0, out[-3000:]
+    assert took < GRACE_S, (took, out[-3000:])
+    assert "SIGTERM received" in out and "learner rank 0 died" not in out
+    signalled = " ".join(everyone.values())
+    assert "raylet" in signalled and "ray::LearnerWorker" in signalled, signalled
+    time.sleep(2)
+    assert not [p for p in everyone if _alive(p)], "a process of the first attempt outlived it"
+    done = _steps(cut)
+    assert 1 <= len(done) < STEPS, "the run should have been stopped mid-way"
+    assert done == list(range(len(done)))
+    ck = latest_checkpoint(cut)
+    assert ck is not None and int(ck.name.removeprefix("step_")) in (len(done) - 1, len(done))
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["completed"] is False and summary["resume_step"] == int(ck.name[5:])
+
+    again = subprocess.run(_command(cut, "ray"), env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"from checkpoint {ck.name}" in again.stderr
+    assert _steps(cut) == list(range(STEPS))  # each step exactly once, in order
+    a, b = _weights(full), _weights(cut)
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    print(f"group SIGTERM to exit 0: {took:.2f} s; stopped after {len(done)} of {STEPS} steps")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_a_step_that_would_overrun_the_grace_period_is_abandoned():
     """A signal in a step with no time to finish it: StepAbandoned from the alarm, about when
     the grace period minus the checkpoint reserve runs out, and the handlers come back."""
@@ -116,3 +231,38 @@ def test_a_signal_between_steps_only_sets_the_flag():
         assert stop.seconds_left() > 29.0
     finally:
         stop.uninstall()
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(300)
+def test_an_actor_keeps_serving_after_sigterm(tmp_path):
+    """On a cluster the run did not start (plain ``ray.init``: no blocked SIGTERM), a SIGTERM
+    to one of the run's actors is logged and ignored (actors.base.outlive_sigterm), while an
+    actor without it dies of the same signal (Ray's own handler): the signal reaches both."""
+    import ray
+
+    from maskgrpo_ray.actors.control import RemoteControlActor
+
+    @ray.remote(num_cpus=0)
+    class Plain:
+        def pid(self) -> int:
+            return os.getpid()
+
+    os.environ.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        ours, plain = RemoteControlActor.remote(), Plain.remote()
+        pids = ray.get([ours.pid.remote(), plain.pid.remote()], timeout=120)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _alive(pids[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids[1]), "Ray's handler should end a plain actor"
+        assert ray.get(ours.get_status.remote(), timeout=30) == {"pending_rollout_request": None}
+        assert _alive(pids[0])
+    finally:
+        ray.shutdown()

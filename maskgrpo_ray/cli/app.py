@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from maskgrpo_ray.checkpoint import run_store
+from maskgrpo_ray.cli.run_folder import COMPLETE, complete_run, find_checkpoint, resolve_run_dir
 from maskgrpo_ray.config import Config, ConfigError, load_config
 from maskgrpo_ray.errors import UserError, one_line
 from maskgrpo_ray.hub import pending_fields, resolve_config
@@ -117,30 +116,6 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
     d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
-
-
-def resolve_run_dir(cfg: Config, arg: str | Path | None) -> Path:
-    if arg:
-        return Path(arg)
-    if cfg.run.run_dir:
-        return Path(cfg.run.run_dir)
-    return Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def find_checkpoint(
-    cfg: Config, run_dir: Path, scratch: Path, required: bool
-) -> tuple[Path | None, str]:
-    """The run's newest valid checkpoint as a local folder (None: start from step 0), and
-    where it is. Raises ConfigError when ``required`` and there is none, CheckpointError when
-    the location holds checkpoints but none is valid."""
-    store = run_store(cfg.run, run_dir)
-    folder = store.fetch_valid(scratch)
-    if folder is None and required:
-        raise ConfigError(
-            f"--resume {run_dir}: no complete checkpoint at {store.location} (set "
-            "run.checkpoint_every_steps > 0 in the run, or drop --resume to start from step 0)"
-        )
-    return folder, store.location
 
 
 @dataclass(frozen=True)
@@ -381,6 +356,9 @@ def _run(args: argparse.Namespace) -> int:
     except RunFailed as err:
         print(f"maskgrpo: the run failed: {err}", file=sys.stderr)
         return 1
+    if COMPLETE in summary:  # the run was complete: the one line said so, nothing changed
+        print(f"run directory: {run_dir}")
+        return 0
     print(json.dumps(summary, indent=2))
     if not summary.get("completed", True):
         print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
@@ -410,7 +388,7 @@ def train_command(
     what ``MASKGRPO_ALLOW_DOWNLOADS`` allows), check prompts and files, find the checkpoint to
     resume, run. Returns the summary and the run directory. Raises a UserError for bad input
     (nothing started), :class:`RunFailed` when the run fails."""
-    resume_dir = None if resume in (None, "auto") else Path(str(resume))
+    resume_dir = None if resume in (None, "auto") else Path(str(resume)).expanduser().resolve()
     if resume_dir is not None:
         saved = resume_dir / "config.yaml"
         if config is None and not saved.exists():
@@ -423,7 +401,7 @@ def train_command(
         cfg = load_config(config, overrides)
     cfg, found = resolve_config(cfg, download=True)  # hub ids -> local snapshot folders, once
     prompts = preflight(cfg, pending_fields(found))  # prompts and model files, before any actor
-    run_dir = resume_dir or resolve_run_dir(cfg, run_dir)
+    run_dir = resume_dir or resolve_run_dir(cfg, run_dir)  # absolute
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(
             f"--run-dir {run_dir}: a file is there; give a folder path (it is created if new)"
@@ -439,5 +417,11 @@ def train_command(
         if resume_from is None:
             log.info("no checkpoint at %s: starting %s from step 0", where, run_dir)
         else:
+            done = complete_run(cfg, run_dir, resume_from)
+            if done is not None:
+                return done, run_dir
             log.info("resuming %s from checkpoint %s (at %s)", run_dir, resume_from.name, where)
-        return run_train(cfg, run_dir, resume_from, prompts), run_dir
+        try:
+            return run_train(cfg, run_dir, resume_from, prompts), run_dir
+        finally:  # the run's start named it too (above), absolute
+            log.info("run folder: %s (checkpoints: %s)", run_dir, where)

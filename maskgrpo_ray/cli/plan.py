@@ -4,7 +4,8 @@
     maskgrpo plan --model showo --resolution 512 --gpu A100 --gpus 16 --estimator forward
 
 Prints the recommended split, its predicted images/s and GPU busy fractions, every split's
-prediction, and the work-conserving limit ``n / (r + l)``, all from
+prediction, the work-conserving limit ``n / (r + l)``, and what a learner checkpoint costs at
+the run's cadence (bytes, seconds, the share of the run, what a kill loses), all from
 :mod:`maskgrpo_ray.cost_model` (the model ``bench/bench_cluster_sim.py`` checks against the
 simulated cluster). Predictions come from a FLOP model at stated MFUs: a plan, not a measurement.
 """
@@ -19,9 +20,12 @@ from typing import Any
 
 from maskgrpo_ray.cost_model import (
     PROFILES,
+    CheckpointCost,
     CostProfile,
     SplitPlan,
     Workload,
+    checkpoint_bytes,
+    checkpoint_cost,
     pipeline_ideal,
     plan_split,
     showo_profile,
@@ -122,7 +126,27 @@ def make_plan(args: argparse.Namespace) -> tuple[CostProfile, Workload, SplitPla
     else:
         profile = _profile(args)
         work = Workload.of_profile(profile)
-    return profile, work, plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+    plan = plan_split(profile, work, args.gpus, asynchronous=not args.sync)
+    return profile, work, replace(plan, checkpoint=_checkpoint(args, profile, work, plan))
+
+
+def _checkpoint(
+    args: argparse.Namespace, profile: CostProfile, work: Workload, plan: SplitPlan
+) -> CheckpointCost:
+    """A learner checkpoint of the profile's model at the recommended split's step time and
+    the run's cadence (``--config``'s ``run.checkpoint_every_*``, ``learner.bf16`` and
+    ``model.lora``; else the defaults, bf16 and full fine-tuning, as the Show-o configs)."""
+    from maskgrpo_ray.config import RunConfig, load_config
+
+    params = profile.weight_bytes // 2  # the profile's weight sync sends every tensor in bf16
+    run, bf16, trained = RunConfig(), True, params  # a profile alone: the defaults (no torch)
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+        run, bf16 = cfg.run, cfg.learner.bf16
+        trained = 0 if cfg.model.lora is not None else params  # LoRA: the adapter's, negligible
+    nbytes = checkpoint_bytes(params, trained, bf16=bf16)
+    step_s = work.images / plan.images_per_s
+    return checkpoint_cost(nbytes, step_s, run.checkpoint_every_steps, run.checkpoint_every_minutes)
 
 
 def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, Any]:
@@ -137,6 +161,7 @@ def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, A
         "rollout_busy": ideal.rollout_busy_async,
         "learner_busy": ideal.learner_busy_async,
         "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
+        "checkpoint": None if plan.checkpoint is None else asdict(plan.checkpoint),
     }
 
 
@@ -175,4 +200,22 @@ def run(args: argparse.Namespace) -> int:
         f"(asynchronous); work-conserving limit {plan.limit:.2f} img/s "
         f"({plan.images_per_s / plan.limit:.3f} of it). A model, not a measurement."
     )
+    if plan.checkpoint is not None:
+        print(_checkpoint_line(plan.checkpoint))
     return 0
+
+
+def _checkpoint_line(ck: CheckpointCost) -> str:
+    """What a checkpoint costs and what the cadence loses (cost_model.CheckpointRates)."""
+    if ck.interval_s == float("inf"):
+        cadence = "no cadence (start, end and SIGTERM only): a SIGKILL loses all since the start"
+    else:
+        cadence = (
+            f"one every {ck.interval_s / 60:.1f} min (run.checkpoint_every_steps or _minutes, "
+            f"the sooner) costs {ck.overhead:.1%} of the run; a SIGKILL loses at most "
+            f"{ck.loses_s / 60:.1f} min"
+        )
+    return (
+        f"checkpoint: {ck.bytes / 1e9:.2f} GB of learner state, about {ck.seconds:.0f} s to "
+        f"write (stated disk and network rates, cost_model.CheckpointRates); {cadence}"
+    )

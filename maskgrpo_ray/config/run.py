@@ -121,7 +121,10 @@ class RunConfig(Strict):
         "finishes: what `maskgrpo eval --weights RUN_DIR` evaluates",
     )
     checkpoint_every_steps: int = Field(
-        0, ge=0, description="driver steps between checkpoints; 0: none by step count"
+        100,
+        ge=0,
+        description="driver steps between checkpoints (or checkpoint_every_minutes, whichever "
+        "comes first: a kill loses at most that, on a short run too); 0: none by step count",
     )
     checkpoint_every_minutes: float = Field(
         10.0,
@@ -129,8 +132,9 @@ class RunConfig(Strict):
         description="also checkpoint at the first step boundary this many minutes after the "
         "last checkpoint; with this or checkpoint_every_steps on, a checkpoint of the start "
         "(step 0) is written too, so a lost learner always has one to come back to; 0 and "
-        "checkpoint_every_steps 0: no checkpoints (a lost learner then restarts from the rollout "
-        "actors' weights with fresh optimizer state: the run goes on, no longer exact)",
+        "checkpoint_every_steps 0: no checkpoints but the run's end and a SIGTERM's (a lost "
+        "learner then restarts from the rollout actors' weights with fresh optimizer state: "
+        "the run goes on, no longer exact); `maskgrpo plan` predicts a checkpoint's cost",
     )
     keep_checkpoints: int = Field(
         2,
@@ -168,8 +172,9 @@ class RunConfig(Strict):
         gt=0,
         description=(
             "on SIGTERM/SIGINT the driver finishes the current step (abandons it if the grace "
-            "would run out), writes a checkpoint and exits 0 within this many seconds; give "
-            "Kubernetes terminationGracePeriodSeconds and RAY_JOB_STOP_WAIT_TIME_S more"
+            "would run out), writes a checkpoint and exits 0 within this many seconds (the "
+            "run's actors ignore SIGTERM meanwhile); give Kubernetes "
+            "terminationGracePeriodSeconds, RAY_JOB_STOP_WAIT_TIME_S and SLURM's KillWait more"
         ),
     )
 

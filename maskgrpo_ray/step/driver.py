@@ -37,6 +37,7 @@ from maskgrpo_ray.step.figures import (
 from maskgrpo_ray.step.learner_core import LearnerLost
 from maskgrpo_ray.step.phases import make_train_batch
 from maskgrpo_ray.step.recovery import (
+    RUN_ENDS,
     Cadence,
     Checkpoints,
     Preemption,
@@ -225,13 +226,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     if resume_from is not None:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
-    if loop.runlog.rows:
-        log.warning(
-            "%s holds metrics of %d steps but no checkpoint: starting from step 0, dropping them",
-            loop.runlog.path,
-            len(loop.runlog.rows),
-        )
-        loop.runlog.truncate_from(0)
+    loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     loop.base = _evaluate(loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
@@ -313,9 +308,12 @@ def train(
 
     With ``resume_from`` (a local checkpoint folder) the executor, the group source (prompt
     stream, filter) and the step counter are restored and the loop continues where the
-    checkpoint was taken. SIGTERM or SIGINT during the loop stops it at a step boundary
+    checkpoint was taken (what the earlier attempt wrote after it is moved aside:
+    ``RunLog.supersede``). SIGTERM or SIGINT during the loop stops it at a step boundary
     (:class:`~maskgrpo_ray.step.recovery.Preemption`): a checkpoint is written, ``summary.json``
-    says ``"completed": false`` and the final evaluation is skipped.
+    says ``"completed": false`` and the final evaluation is skipped. A run that completes its
+    steps checkpoints its last one before the final evaluation, so a resume with more
+    ``train.steps`` continues it.
     """
     runlog = RunLog(run_dir)
     t_start = time.perf_counter()
@@ -374,6 +372,8 @@ def _run(
             cfg.train.steps,
         )
         return summary
+    if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
+        ckpts.save(next_step, loop.base, loop.totals)
     return _finish(loop, run_dir, start_step, t_start)
 
 

@@ -3,7 +3,8 @@
 A checkpoint is the executor's files (weights, optimizer, RNG streams, version) and
 ``driver.pt``: the next step, the group source's state (prompt stream and filter history),
 the base evaluation and the run's totals. It is only ever taken between steps with no
-rollout in flight, so a resume is the run it continues.
+rollout in flight, so a resume is the run it continues. A restore sets aside what the run
+folder holds past the checkpoint (``RunLog.supersede``): history is moved, never overwritten.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from maskgrpo_ray.checkpoint import run_store
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.weights import FINAL_ADAPTER, FINAL_MERGED, FINAL_POLICY
 from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.safe_files import check_pickles, load_torch_file
 from maskgrpo_ray.step.collect import GroupSource
@@ -30,6 +32,9 @@ from maskgrpo_ray.step.executor import Executor
 from maskgrpo_ray.step.learner_core import LearnerLost
 
 log = logging.getLogger(__name__)
+
+# what the end of a run writes: a resume from an earlier step sets them aside (RunLog.supersede)
+RUN_ENDS = ("summary.json", FINAL_POLICY, FINAL_MERGED, FINAL_ADAPTER, "reward_curve.png")
 
 
 class RunFailed(RuntimeError):
@@ -109,9 +114,9 @@ class Checkpoints:
 
                 save_adapter(folder / "adapter", self.ex.policy_state(), self.cfg.model.lora)
 
-        cfg = self.cfg
+        cfg, t0 = self.cfg, time.monotonic()
         where = run_store(cfg.run, self.run_dir).save(next_step, write, cfg.run.keep_checkpoints)
-        log.info("checkpoint %s", where)
+        log.info("checkpoint %s (%.2f s)", where, time.monotonic() - t0)
 
     def restore(self, folder: Path) -> tuple[int, dict, dict]:
         """Executor, group source and driver counters from a checkpoint: (next step, base,
@@ -125,7 +130,8 @@ class Checkpoints:
             source = {"stream": state["stream"], "filter": old.get("filter")}
         self.source.load_state_dict(source)
         start_step = int(state["next_step"])
-        self.runlog.truncate_from(start_step)
+        why = f"the run goes on from checkpoint {folder.name}"
+        self.runlog.supersede(start_step, RUN_ENDS, why)  # the rows it replaces, kept aside
         log.info("resumed from %s at step %d", folder, start_step)
         return start_step, dict(state["base"]), dict(state["totals"])
 
@@ -217,7 +223,9 @@ class StepAbandoned(Exception):
 
 
 class Preemption:
-    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps.
+    """SIGTERM/SIGINT during the step loop: a flag the loop checks between steps. (The run's
+    actors and its own local cluster keep serving meanwhile: ``actors.base.outlive_sigterm``,
+    ``backend.cluster.sigterm_blocked``.)
 
     A signal during a step lets the step finish, unless it would leave too little of
     ``grace_s`` for the checkpoint (the longest save seen so far plus a margin): then a
