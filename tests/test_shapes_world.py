@@ -23,7 +23,10 @@ G, P = WORLD.grid, WORLD.patch_px
 
 def _drawn(objs: list[scenes.Obj]) -> list[tuple]:
     """What the detector must find for a drawn scene: class, colour and the drawn box."""
-    return sorted((o.cls, o.colour, (o.row * P + 1, o.col * P + 1, o.size * P - 2, o.size * P - 2)) for o in objs)
+    return sorted(
+        (o.cls, o.colour, (o.row * P + 1, o.col * P + 1, o.size * P - 2, o.size * P - 2))
+        for o in objs
+    )
 
 
 def _scenes(n: int, seed: int) -> tuple[list[scenes.Prompt], list[list[scenes.Obj]]]:
@@ -138,7 +141,9 @@ def test_layout_features_are_the_tokens_dominant_colours():
     prompts, objs = _scenes(2, seed=6)
     images = torch.from_numpy(np.stack([scenes.render(o, G, P) for o in objs]))
     f = judge.layout_features(images, P)
-    assert f.shape == (2, G * G * len(scenes.PALETTE)) and torch.equal(f.sum(1), torch.full((2,), 64.0))
+    assert f.shape == (2, G * G * len(scenes.PALETTE)) and torch.equal(
+        f.sum(1), torch.full((2,), 64.0)
+    )
 
 
 def _tiny_policy() -> ShapesPolicy:
@@ -188,11 +193,21 @@ def test_fifty_unmasking_steps_run():
 
 def test_pretraining_caches_by_spec(tmp_path, monkeypatch):
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path))
-    spec = PolicySpec(world=WorldSpec(codebook_renders=300), d_model=16, layers=1, heads=2, pretrain_steps=2, pretrain_batch=4)
+    spec = PolicySpec(
+        world=WorldSpec(codebook_renders=300),
+        d_model=16,
+        layers=1,
+        heads=2,
+        pretrain_steps=2,
+        pretrain_batch=4,
+    )
     first = pretrain.load_or_pretrain(spec)
     assert spec.cache_key() == PolicySpec(**{**spec.__dict__}).cache_key()
     assert spec.cache_key() != PolicySpec(**{**spec.__dict__, "pretrain_steps": 3}).cache_key()
-    assert spec.cache_key() != PolicySpec(**{**spec.__dict__, "world": WorldSpec(codebook_renders=301)}).cache_key()
+    assert (
+        spec.cache_key()
+        != PolicySpec(**{**spec.__dict__, "world": WorldSpec(codebook_renders=301)}).cache_key()
+    )
 
     def fail(*a, **k):
         raise AssertionError("pre-trained again instead of loading the cache")

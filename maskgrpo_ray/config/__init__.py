@@ -35,9 +35,9 @@ from maskgrpo_ray.config.policy import (
     LoraConfig,
     ModelConfig,
     RolloutConfig,
+    ShapesModelConfig,
     ShowoModelConfig,
     ToyModelConfig,
-    ShapesModelConfig,
 )
 from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config.training import (

@@ -47,7 +47,9 @@ class ShapesModelConfig(Strict):
     policy's size and pre-training, and the reward model's (all pre-trained once, cached)."""
 
     grid: int = Field(8, ge=4, description="image tokens per side (L = grid * grid)")
-    patch_px: int = Field(4, ge=3, description="pixels per token side (the canvas is grid * patch_px)")
+    patch_px: int = Field(
+        4, ge=3, description="pixels per token side (the canvas is grid * patch_px)"
+    )
     max_codes: int = Field(
         512, ge=16, description="the tokenizer's codebook size limit (k-means over the patches)"
     )

@@ -140,15 +140,23 @@ def clause_credit(objects: Mapping[str, list[RuleObj]], meta: Mapping[str, Any])
     clauses = list(meta["include"]) + list(meta.get("exclude", []))
     held = 0
     for req in meta["include"]:
-        found = [o for o in objects.get(req["class"], []) if o["color"] == req.get("color", o["color"])]
+        found = [
+            o for o in objects.get(req["class"], []) if o["color"] == req.get("color", o["color"])
+        ]
         ok = len(found) >= req["count"]
         if ok and "position" in req:
             rel, target = req["position"]
             t = meta["include"][target]
-            group = [o for o in objects.get(t["class"], []) if o["color"] == t.get("color", o["color"])]
-            ok = bool(group) and all(rel in relations(o["xy"], g["xy"]) for o in found for g in group)
+            group = [
+                o for o in objects.get(t["class"], []) if o["color"] == t.get("color", o["color"])
+            ]
+            ok = bool(group) and all(
+                rel in relations(o["xy"], g["xy"]) for o in found for g in group
+            )
         held += int(ok)
-    held += sum(len(objects.get(req["class"], [])) < req["count"] for req in meta.get("exclude", []))
+    held += sum(
+        len(objects.get(req["class"], [])) < req["count"] for req in meta.get("exclude", [])
+    )
     return held / len(clauses)
 
 

@@ -51,7 +51,13 @@ def policy_spec(s: ShapesModelConfig) -> PolicySpec:
 def reward_spec(s: ShapesModelConfig) -> RewardModelSpec:
     """The ``model.shapes`` section as the reward model's spec."""
     return RewardModelSpec(
-        world_spec(s), s.reward_dim, s.reward_width, s.reward_steps, s.reward_batch, s.reward_lr, s.seed
+        world_spec(s),
+        s.reward_dim,
+        s.reward_width,
+        s.reward_steps,
+        s.reward_batch,
+        s.reward_lr,
+        s.seed,
     )
 
 

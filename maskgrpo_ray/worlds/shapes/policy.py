@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
-
 import torch.nn.functional as F
+from torch import nn
 
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.worlds.shapes import scenes, tokenizer

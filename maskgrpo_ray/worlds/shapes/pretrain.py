@@ -63,7 +63,9 @@ def fit_world_codebook(world: WorldSpec) -> torch.Tensor:
     """The codebook learned from ``world.codebook_renders`` random renders."""
     rng = np.random.default_rng(world.seed + 7)
     prompts = tag_balanced_prompts(rng, world.codebook_renders)
-    return tokenizer.fit_codebook(render_batch(prompts, world, rng, 0.0), world.patch_px, world.max_codes)
+    return tokenizer.fit_codebook(
+        render_batch(prompts, world, rng, 0.0), world.patch_px, world.max_codes
+    )
 
 
 def _atomic_save(obj: object, path: Path) -> None:

@@ -131,7 +131,9 @@ def malform(
             out[r : r + patch_px, c : c + patch_px] = 1 + scenes.COLOUR_NAMES.index(o.colour)
         else:
             other = str(rng.choice([k for k in scenes.CLASSES if k != o.cls]))
-            src = scenes.render_indices([scenes.Obj(other, o.colour, o.row, o.col, o.size)], grid, patch_px)
+            src = scenes.render_indices(
+                [scenes.Obj(other, o.colour, o.row, o.col, o.size)], grid, patch_px
+            )
             out[r : r + patch_px, c : c + patch_px] = src[r : r + patch_px, c : c + patch_px]
         if (out != indices).sum() >= 4:
             return out
@@ -172,7 +174,9 @@ def training_batch(
         idx = scenes.render_indices(objs, w.grid, w.patch_px)
         pos.append(scenes.PALETTE[idx])
         if rng.random() < 0.5:
-            bad = scenes.render_indices(scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px)
+            bad = scenes.render_indices(
+                scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px
+            )
         else:
             bad = malform(idx, objs, w.patch_px, rng)
         neg.append(scenes.PALETTE[bad])
@@ -268,7 +272,9 @@ def agreement(model: ShapesClip, n: int = 512, seed: int = 1234) -> dict[str, fl
             objs = scenes.sample_scene(p, w.grid, rng)
             idx = scenes.render_indices(objs, w.grid, w.patch_px)
             if kind == "near_miss":
-                wrong = scenes.render_indices(scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px)
+                wrong = scenes.render_indices(
+                    scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px
+                )
             else:
                 wrong = malform(idx, objs, w.patch_px, rng)
             good.append(scenes.PALETTE[idx])

@@ -26,9 +26,13 @@ class ShapesClipReward(ModelReward):
     """The world's contrastive reward model: ``exp(logit_scale) * cos(image, prompt)``
     (``score="cosine"``: ``cos`` alone), float ``[N]``; ``embed`` is its image tower."""
 
-    def __init__(self, spec: RewardModelSpec, score_kind: str = "logits", name: str = "shapes_clip") -> None:
+    def __init__(
+        self, spec: RewardModelSpec, score_kind: str = "logits", name: str = "shapes_clip"
+    ) -> None:
         if score_kind not in ("logits", "cosine"):
-            raise ValueError(f"shapes_clip reward: score={score_kind!r} must be 'logits' or 'cosine'")
+            raise ValueError(
+                f"shapes_clip reward: score={score_kind!r} must be 'logits' or 'cosine'"
+            )
         self._setup(name, "cpu", 256, "tensor")
         self.model = load_or_train(spec)
         self.score_kind = score_kind

@@ -113,7 +113,9 @@ def _single(c: str) -> Prompt:
 
 
 def _two(a: str, b: str) -> Prompt:
-    return Prompt("two_object", f"a {a} and a {b}", ({"class": a, "count": 1}, {"class": b, "count": 1}))
+    return Prompt(
+        "two_object", f"a {a} and a {b}", ({"class": a, "count": 1}, {"class": b, "count": 1})
+    )
 
 
 def _counting(c: str, n: int) -> Prompt:
@@ -271,9 +273,7 @@ def corrupt_scene(
     return []  # never reached in practice (each tag has a change that breaks it); empty is wrong
 
 
-def _one_change(
-    prompt: Prompt, objs: list[Obj], grid: int, rng: np.random.Generator
-) -> list[Obj]:
+def _one_change(prompt: Prompt, objs: list[Obj], grid: int, rng: np.random.Generator) -> list[Obj]:
     kind = str(rng.choice(["count", "colour", "class", "swap"]))
     objs = list(objs)
     if kind == "count" and (prompt.tag == "counting" or len(objs) == 1):
@@ -286,10 +286,15 @@ def _one_change(
         objs[i] = Obj(o.cls, _colour(rng, [o.colour]), o.row, o.col, o.size)
     elif kind == "class":
         other = str(rng.choice([c for c in CLASSES if c != o.cls]))
-        objs = [Obj(other, o.colour, o.row, o.col, o.size) if j == i else x for j, x in enumerate(objs)]
+        objs = [
+            Obj(other, o.colour, o.row, o.col, o.size) if j == i else x for j, x in enumerate(objs)
+        ]
     elif len(objs) == 2:  # swap the two objects' places (flips a relation, swaps attributes)
         a, b = objs
-        objs = [Obj(a.cls, a.colour, b.row, b.col, b.size), Obj(b.cls, b.colour, a.row, a.col, a.size)]
+        objs = [
+            Obj(a.cls, a.colour, b.row, b.col, b.size),
+            Obj(b.cls, b.colour, a.row, a.col, a.size),
+        ]
     else:
         objs[i] = Obj(o.cls, _colour(rng, [o.colour]), o.row, o.col, o.size)
     return objs
