@@ -328,19 +328,30 @@ class Ideal:
     limit: float  # n / (r + l): every GPU busy all the time, any split
     rollout_busy_async: float  # R / max(R, L + W)
     learner_busy_async: float  # (L + W) / max(R, L + W)
+    rollout_busy_sync: float  # R / (R + L + W): the rollout GPUs wait for the update and sync
+    learner_busy_sync: float  # (L + W) / (R + L + W)
+
+    def busy(self, asynchronous: bool) -> tuple[float, float]:
+        """(rollout, learner) GPUs' busy shares of a step in the given loop."""
+        if asynchronous:
+            return self.rollout_busy_async, self.learner_busy_async
+        return self.rollout_busy_sync, self.learner_busy_sync
 
 
 def pipeline_ideal(c: StepCosts) -> Ideal:
     """The ideal throughputs of :func:`step_costs`' split (seconds are GPU seconds, unscaled)."""
     images = c.images
     busy = max(c.rollout_s, c.learner_s + c.sync_s)
+    total = c.rollout_s + c.learner_s + c.sync_s
     n = c.rollout_gpus + c.learner_gpus
     return Ideal(
-        sync=images / (c.rollout_s + c.learner_s + c.sync_s),
+        sync=images / total,
         asynchronous=images / busy,
         limit=n / (c.r + c.l),
         rollout_busy_async=c.rollout_s / busy,
         learner_busy_async=(c.learner_s + c.sync_s) / busy,
+        rollout_busy_sync=c.rollout_s / total,
+        learner_busy_sync=(c.learner_s + c.sync_s) / total,
     )
 
 

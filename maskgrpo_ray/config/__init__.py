@@ -12,9 +12,9 @@ to the YAML before validation.
 This module is the import point: the whole tree (:class:`Config`), its cross-section rules, and
 loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
 ``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``,
-``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), and
-are re-exported here. Importing it loads no torch and no model: a model kind's module is
-imported when a config naming it is validated.
+``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
+:mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
+no torch and no model: a model kind's module is imported when a config naming it is validated.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from maskgrpo_ray.config import builtin
 from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.evidence import EvidenceConfig
 from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
@@ -56,6 +57,7 @@ __all__ = [
     "DataConfig",
     "DiversityConfig",
     "EvalConfig",
+    "EvidenceConfig",
     "FilterConfig",
     "ForwardEstimatorConfig",
     "LearnerConfig",
@@ -94,6 +96,9 @@ class Config(Strict):
     learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
     eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
     logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
+    evidence: EvidenceConfig = Field(
+        EvidenceConfig(), description="what the recipe is known to keep (maskgrpo plan prints it)"
+    )
 
     @model_validator(mode="after")
     def _weight_sync(self) -> Config:
