@@ -297,6 +297,21 @@ def workload_of(cfg: Any) -> Workload:
     )
 
 
+def probe_overhead(cfg: Any) -> tuple[float, float]:
+    """The step-signal probe's work (``train.step_signal_every_steps``) spread over the images a
+    run trains: (learner (sample, step) pairs, rollout images) per trained image. A probe takes
+    ``K`` batches of ``P`` prompts (``G`` samples each) and ``2 K S`` gradient passes over a
+    batch's samples, every ``N`` driver steps of ``B G`` images: ``2 K S P / (N B)`` pairs and
+    ``K P / (N B)`` images per trained image. Not in :func:`plan_split`'s split (a probe runs
+    between steps, on the same GPUs); (0, 0) with the probe off."""
+    t = cfg.train
+    if not t.step_signal_every_steps:
+        return 0.0, 0.0
+    p = t.step_signal_prompts_per_batch or t.prompts_per_step
+    share = t.step_signal_batches * p / (t.step_signal_every_steps * t.prompts_per_step)
+    return 2 * cfg.rollout.unmasking_steps * share, share
+
+
 def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int) -> StepCosts:
     """``R``, ``L``, ``W`` of one step on ``rollout_gpus`` + ``learner_gpus`` (see the module
     docstring for the granularity: whole groups per rollout actor, samples per learner rank)."""

@@ -89,6 +89,16 @@ def test_the_plan_prints_the_recipes_evidence_beside_its_speed(capsys):
     assert json.loads(capsys.readouterr().out)["evidence"]["source"] == "none"
 
 
+def test_the_plan_states_the_probes_cost(capsys):
+    """The step-signal probe every 50 steps at the defaults (K = 6 batches of B = 16 prompts)
+    on the paper's step: 2 K S P / (N B) = 2 x 6 x 50 / 50 = 12 learner pairs and K P / (N B)
+    = 0.12 rollout images per trained image; it keeps the recipe's evidence."""
+    assert main(["plan", "--config", PAPER, "--set", "train.step_signal_every_steps=50"]) == 0
+    out = capsys.readouterr().out
+    assert "adds 12.00 learner pairs and 0.120 rollout images per trained image" in out
+    assert "Evidence: paper: GenEval 0.73" in out
+
+
 def test_recipe_keys_are_what_can_change_what_is_learned():
     keys = [
         "run.seed",
@@ -96,6 +106,7 @@ def test_recipe_keys_are_what_can_change_what_is_learned():
         "rollout.num_actors",
         "reward.num_gpus_per_actor",
         "train.micro_batch_pairs_per_gpu",
+        "train.step_signal_every_steps",
         "data.prompts",
         "eval.every_steps",
         "train.learning_rate",

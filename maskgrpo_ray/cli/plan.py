@@ -125,6 +125,7 @@ class Planned(NamedTuple):
     work: Workload
     plan: SplitPlan
     evidence: Evidence = NO_RECIPE
+    probe: tuple[float, float] = (0.0, 0.0)  # the step-signal probe's pairs, images per image
 
 
 def _evidence(cfg: Any, overrides: list[str]) -> Evidence:
@@ -180,19 +181,25 @@ def make_plan(args: argparse.Namespace) -> Planned:
     """The profile ``args`` name (or ``--config``'s), its workload, the recommended split for
     the loop to plan and the recipe's evidence; ValueError (one line, the fix) for a profile,
     GPU or option that does not exist."""
-    cfg, evidence = None, NO_RECIPE
+    from maskgrpo_ray.cost_model import probe_overhead
+
+    cfg, evidence, probe = None, NO_RECIPE, (0.0, 0.0)
     if getattr(args, "config", None) is not None:
         profile, work, cfg = _from_config(args)
-        evidence = _evidence(cfg, args.overrides)
+        evidence, probe = _evidence(cfg, args.overrides), probe_overhead(cfg)
     else:
         profile = _profile(args)
         work = Workload.of_profile(profile)
     split = plan_split(profile, work, args.gpus, asynchronous=_asynchronous(args, cfg))
-    return Planned(profile, work, split, evidence)
+    return Planned(profile, work, split, evidence, probe)
 
 
 def report(
-    profile: CostProfile, work: Workload, plan: SplitPlan, evidence: Evidence = NO_RECIPE
+    profile: CostProfile,
+    work: Workload,
+    plan: SplitPlan,
+    evidence: Evidence = NO_RECIPE,
+    probe: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
     """``maskgrpo plan --json``'s object (the Python API's ``plan`` returns it); the busy shares
     are those of the planned loop (``asynchronous``)."""
@@ -208,6 +215,10 @@ def report(
         "rollout_busy": rollout_busy,
         "learner_busy": learner_busy,
         "evidence": evidence.to_dict(),
+        "step_signal_probe": {
+            "learner_pairs_per_image": probe[0],
+            "rollout_images_per_image": probe[1],
+        },
         "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
     }
 
@@ -221,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report(*planned), indent=2))
         return 0
-    profile, work, plan, evidence = planned
+    profile, work, plan, evidence, probe = planned
     c = plan.costs
     rollout_busy, learner_busy = pipeline_ideal(c).busy(plan.asynchronous)
     loop = "asynchronous" if plan.asynchronous else "synchronous"
@@ -249,4 +260,9 @@ def run(args: argparse.Namespace) -> int:
         f"limit {plan.limit:.2f} img/s ({plan.images_per_s / plan.limit:.3f} of it). A model, "
         f"not a measurement. Evidence: {evidence.line}."
     )
+    if probe[0]:
+        print(
+            f"the step-signal probe (train.step_signal_every_steps) adds {probe[0]:.2f} learner "
+            f"pairs and {probe[1]:.3f} rollout images per trained image, not in the split above"
+        )
     return 0

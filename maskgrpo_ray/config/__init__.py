@@ -121,6 +121,31 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
+    def _step_signal(self) -> Config:
+        t, est = self.train, self.likelihood.estimator
+        if t.unmasking_step_selection == "auto" and t.step_signal_every_steps == 0:
+            raise ValueError(
+                "train.unmasking_step_selection='auto' with train.step_signal_every_steps=0: "
+                "auto trains the steps the step-signal probe measures, and the probe is off; "
+                "set train.step_signal_every_steps (e.g. 20), or choose another selection"
+            )
+        if t.step_signal_every_steps and est != "trajectory":
+            raise ValueError(
+                f"train.step_signal_every_steps={t.step_signal_every_steps} with "
+                f"likelihood.estimator={est!r}: the probe measures unmasking steps' gradients, "
+                "which only the trajectory estimator trains; set it to 0 or use the trajectory "
+                "estimator"
+            )
+        if t.step_signal_every_steps and self.learner.zero_stage >= 2:
+            raise ValueError(
+                f"train.step_signal_every_steps={t.step_signal_every_steps} with "
+                f"learner.zero_stage={self.learner.zero_stage}: the probe's gradients are taken "
+                "outside the DeepSpeed engine, which ZeRO-2/3 reduce or partition inside every "
+                "backward; use learner.zero_stage 0 or 1, or set step_signal_every_steps 0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _cross(self) -> Config:
         steps = self.rollout.unmasking_steps
         t = self.train

@@ -76,6 +76,10 @@ _PLUMBING_LEAVES = (
     "call_timeout_seconds",
     "prompts_per_chunk",
     "micro_batch_pairs_per_gpu",
+    # the step-signal probe measures on its own streams (the weights learned are the same)
+    "step_signal_every_steps",
+    "step_signal_batches",
+    "step_signal_prompts_per_batch",
 )
 
 
