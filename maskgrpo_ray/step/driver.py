@@ -182,10 +182,10 @@ class _Loop:
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
+        probed = self.probe.run(step) if self.probe is not None else {}  # before the update
         pending, self.pending = self.pending, []
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
-        probed = self.probe.run(step) if self.probe is not None else {}  # before the update
         out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
         row = out.row
         row.update(probed)
