@@ -298,3 +298,40 @@ def test_probe_and_auto_on_ray(tmp_path):
         assert 1 <= len(row["auto_steps"]) <= 2 and row["auto_steps_trained"] == len(
             row["auto_steps"]
         )
+
+
+@pytest.mark.slow
+def test_auto_resumes_with_its_selection(tmp_path, monkeypatch):
+    """auto's selection is in the checkpoint: a run cut after the step-2 checkpoint (its
+    selection from the probe of step 0; the next probe at step 3) resumes to the weights and
+    selections of the uninterrupted run."""
+    from maskgrpo_ray.checkpoint import latest_checkpoint
+    from maskgrpo_ray.step import driver
+
+    sets = [
+        "train.steps=5",
+        "train.step_signal_every_steps=3",
+        "train.unmasking_step_selection=auto",
+        "train.unmasking_steps_trained=2",
+        "run.checkpoint_every_steps=2",
+    ]
+    full = _train(tmp_path / "full", "local", sets)
+    real_run_step = driver.run_step
+
+    def crashing(ex, cfg, step, *args, **kw):
+        if step == 3:
+            raise KeyboardInterrupt("simulated preemption")
+        return real_run_step(ex, cfg, step, *args, **kw)
+
+    monkeypatch.setattr(driver, "run_step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path / "cut", "local", sets)
+    monkeypatch.setattr(driver, "run_step", real_run_step)
+    assert latest_checkpoint(tmp_path / "cut").name == "step_000002"
+    assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
+    cut = [json.loads(x) for x in (tmp_path / "cut/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in cut] == [0, 1, 2, 3, 4]
+    assert [r.get("auto_steps") for r in cut] == [r.get("auto_steps") for r in full]
+    a = load_file(str(tmp_path / "full/final_policy.safetensors"))
+    b = load_file(str(tmp_path / "cut/final_policy.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
