@@ -9,6 +9,7 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -25,8 +26,8 @@ from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.models.base import prompt_problems
 from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import RolloutBatch
+from maskgrpo_ray.step.phases import generate, score
+from maskgrpo_ray.types import RolloutBatch, ScoredBatch
 
 
 class RolloutActor(PoolActor):
@@ -151,6 +152,16 @@ class RolloutActor(PoolActor):
             self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
         batch = generate_unit(self.policy, unit, self.evaluation)
         return unit_rewards(self._eval_reward, batch, self.prompt_meta)
+
+    def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
+        """One step-signal probe batch (``step.step_signal``): a training rollout of the chunk
+        with the current weights and its seed, scored here with the run's reward (the
+        evaluation's copy), whole but for its images (the learner ranks measure it)."""
+        if self._eval_reward is None:
+            self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
+        batch = self.generate(prompts, positions, seed)
+        scored = score(self._eval_reward, batch, self.prompt_meta)
+        return replace(scored, rollout=batch.without_images())
 
     def eval_rollout(self, unit: EvalUnit) -> RolloutBatch:
         """One evaluation unit's rollout (images ``[N, H, W, 3]``, prompt-major) with the

@@ -95,7 +95,8 @@ def machine_rates(folder: Path, size: int = 256 << 20) -> dict[str, float]:
 def showo_prediction(rates: dict[str, float], fixed_s: float) -> dict[str, Any]:
     from dataclasses import asdict, replace
 
-    from maskgrpo_ray.cost_model import SHOWO_PARAMS, CheckpointRates, checkpoint_bytes
+    from maskgrpo_ray.checkpoint_cost import CheckpointRates, checkpoint_bytes
+    from maskgrpo_ray.cost_model import SHOWO_PARAMS
 
     nbytes = checkpoint_bytes(SHOWO_PARAMS, SHOWO_PARAMS, bf16=True)
     stated = replace(CheckpointRates(), fixed_s=fixed_s)

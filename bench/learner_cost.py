@@ -67,6 +67,9 @@ VARIANTS: dict[str, list[str]] = {
     "group random 4 (iso-temporal)": _sel("group_random", 4),
     "group random 2 (iso-temporal)": _sel("group_random", 2),
     "window 4 (sliding)": [*_sel("window", 4), "train.unmasking_window_shift_updates=4"],
+    # the steps the step-signal probe measures above the shuffled floor, at most 4, re-measured
+    # every 30 steps (K = 6 probe batches of B prompts); its pairs include the probe's
+    "auto 4 (probe every 30 steps)": [*_sel("auto", 4), "train.step_signal_every_steps=30"],
     "last 2, B = 32 (half the steps: the same images)": [
         *_sel("last", 2),
         "train.prompts_per_step=32",
@@ -107,11 +110,16 @@ def figures(r: dict) -> dict[str, float]:
 def showo_cost(overrides: list[str]) -> dict[str, float]:
     """Learner pairs per image on the toy, and at Show-o 512 on 16 H100s (the variant's share
     of the S steps carried over to Show-o's 50, its estimator, mask draws and inner updates):
-    the planner's images/GPU/s and the work-conserving limit per GPU."""
+    the planner's images/GPU/s and the work-conserving limit per GPU. A variant with the
+    step-signal probe adds its pairs, spread over the trained images
+    (``cost_model.probe_overhead``); the planner's split does not (the probe runs between
+    steps)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.cost_model import PROFILES, plan_split, workload_of
+    from maskgrpo_ray.cost_model import PROFILES, plan_split, probe_overhead, workload_of
 
-    toy = workload_of(load_config(lab.ROOT / "configs" / "toy.yaml", [*SHAPE, *overrides]))
+    toy_cfg = load_config(lab.ROOT / "configs" / "toy.yaml", [*SHAPE, *overrides])
+    toy = workload_of(toy_cfg)
+    toy_pairs = toy.pairs_per_sample + probe_overhead(toy_cfg)[0]
     sel = {o.split("=")[0]: o.split("=")[1] for o in overrides}
     show = [o for o in overrides if not o.startswith("train.unmasking_steps_trained")]
     if "train.unmasking_steps_trained" in sel:
@@ -119,14 +127,15 @@ def showo_cost(overrides: list[str]) -> dict[str, float]:
         show.append(f"train.unmasking_steps_trained={k}")
     cfg = load_config(lab.ROOT / "configs" / "showo_512_clip.yaml", [*SHOWO_FULL, *show])
     work = workload_of(cfg)
+    showo_pairs = work.pairs_per_sample + probe_overhead(cfg)[0]
     profile = PROFILES[
         "showo_512_h100_forward" if work.estimator == "forward" else "showo_512_h100"
     ]
     plan = plan_split(profile, work, 16)
     return {
-        "toy_pairs_per_image": toy.pairs_per_sample,
-        "toy_share": toy.pairs_per_sample / S_TOY,
-        "showo_pairs_per_image": work.pairs_per_sample,
+        "toy_pairs_per_image": round(toy_pairs, 2),
+        "toy_share": toy_pairs / S_TOY,
+        "showo_pairs_per_image": round(showo_pairs, 2),
         "showo_images_per_gpu_s": plan.images_per_s / 16,
         "showo_limit_per_gpu_s": plan.limit / 16,
         "showo_split": f"{plan.rollout_gpus}+{plan.learner_gpus}",
@@ -169,8 +178,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         d = (_ci(r["d_auc"]), _ci(r["d_gain"])) if "d_auc" in r else ("-", "-")
         out.append(
-            f"| {r['variant']} | {r['toy_pairs_per_image']} ({r['toy_share']:.0%}); "
-            f"{r['showo_pairs_per_image']} | {_ci(r['auc'], False)} | {d[0]} | "
+            f"| {r['variant']} | {r['toy_pairs_per_image']:g} ({r['toy_share']:.0%}); "
+            f"{r['showo_pairs_per_image']:g} | {_ci(r['auc'], False)} | {d[0]} | "
             f"{_ci(r['gain'])} | {d[1]} | {r['update_seconds']:.3f} | "
             f"{r['showo_images_per_gpu_s']:.2f} ({r['showo_split']}; "
             f"{r['showo_limit_per_gpu_s']:.2f}) |"

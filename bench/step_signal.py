@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/step_signal.py [--config configs/toy.yaml] [--batches 12]
         [--after-steps 0,40] [--set KEY=VALUE ...] [--out bench/results_step_signal.json]
+    .venv/bin/python bench/step_signal.py --config RUN/config.json --checkpoint RUN/checkpoints/step_000010
+        --probe-step 10          # a run's own probe (train.step_signal_every_steps), reproduced
 
-For the model after ``W`` training steps of the config (``--after-steps``; 0: the base model),
-``K`` independent batches (``train.prompts_per_step`` prompts x G samples each, fresh rollouts)
-give, for every unmasking step ``t``, the gradient ``g_t`` of the clipped objective restricted to
-the pairs at step ``t`` (the first pass: ratio 1, so ``g_t = -mean_n A_n grad log p_t(n)``).
+For the model after ``W`` training steps of the config (``--after-steps``; 0: the base model;
+or the weights of ``--checkpoint``: a run's checkpoint folder or its ``final_policy``), ``K``
+independent batches (``--prompts-per-batch`` prompts x G samples each, fresh rollouts) give,
+for every unmasking step ``t``, the gradient ``g_t`` of the clipped objective restricted to the
+pairs at step ``t`` (the first pass: ratio 1, so ``g_t = -mean_n A_n grad log p_t(n)``).
 Across the ``K`` batches:
 
 * ``cos_t``: the mean cosine between two batches' ``g_t``: ``|mu_t|^2 / E|g_t|^2`` in
@@ -16,6 +19,12 @@ Across the ``K`` batches:
   size): ``cos_t`` is then 0 in expectation, so the real ``cos_t`` measured against it tells
   whether step ``t``'s update has any direction at all.
 
+The measurement is the library's (``maskgrpo_ray.step.step_signal``), the one a run's probe
+makes (``train.step_signal_every_steps``). The bench's own batches are a prompt stream seeded
+123 and rollout seeds 1000 + k; ``--probe-step J`` takes instead the batches a run's probe of
+driver step ``J`` takes (its seeds, ``step_signal_batches`` x ``step_signal_prompts_per_batch``),
+so that on the weights that probe saw, the bench gives the probe's numbers.
+
 A step whose gradient is as large as the others' but whose ``cos_t`` is near 0 adds noise, not
 signal, to the trajectory's update: Adam scales it like the rest.
 """
@@ -23,9 +32,7 @@ signal, to the trajectory's update: Adam scales it like the rest.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _policy_after(cfg, steps: int):
+def _policy_after(config: Path, overrides: list[str], steps: int):
     """The config's policy after ``steps`` training steps (local backend, the run's seed)."""
     from safetensors.torch import load_file
 
@@ -44,7 +51,7 @@ def _policy_after(cfg, steps: int):
     from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
 
-    policy = build_policy(cfg.model)
+    policy = build_policy(load_config(config, overrides).model)
     if steps == 0:
         return policy
     with tempfile.TemporaryDirectory() as d:
@@ -55,140 +62,118 @@ def _policy_after(cfg, steps: int):
             "logging.progress_bar=false",
             "run.export_final_policy=true",
         ]
-        run_train(load_config(cfg_path(cfg), [*_OVERRIDES, *over]), Path(d))
+        run_train(load_config(config, [*overrides, *over]), Path(d))
         state = load_file(str(Path(d) / "final_policy.safetensors"))
     policy.load_state_dict(state, strict=False)
     return policy.eval()
 
 
-_OVERRIDES: list[str] = []
-_CONFIG: list[Path] = []
+def policy_of(cfg, where: Path):
+    """The config's policy with the weights of a run's checkpoint folder (``policy.pt``, the
+    local backend's) or of a ``final_policy.safetensors``."""
+    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.safe_files import load_torch_file
+
+    policy = build_policy(cfg.model)
+    if where.is_dir() and (where / "policy.pt").exists():
+        policy.load_state_dict(load_torch_file(where / "policy.pt", "a checkpoint's policy"))
+    else:
+        from safetensors.torch import load_file
+
+        path = where / "final_policy.safetensors" if where.is_dir() else where
+        policy.load_state_dict(load_file(str(path)), strict=False)
+    return policy.eval()
 
 
-def cfg_path(_cfg) -> Path:
-    return _CONFIG[0]
+def probe_prompts(cfg, policy) -> tuple[list[str], dict | None]:
+    """The run's training prompts (what its prompt stream holds: the files read as ``train``
+    reads them, those the policy cannot read dropped) and their metadata table."""
+    from maskgrpo_ray.cli.app import preflight
+    from maskgrpo_ray.data import keep_valid_prompts
+
+    read = preflight(cfg)
+    texts, _ = keep_valid_prompts([r.text for r in read.train], lambda p: policy.tokenize([p]))
+    table = {r.text: r.meta for r in (*read.train, *read.eval) if r.meta}
+    return texts, table or None
 
 
-def step_gradients(policy, batch, num_steps: int) -> torch.Tensor:
-    """``g_t`` for every step, flattened: float ``[S, P]``."""
-    from maskgrpo_ray.step.learner_loss import accumulate_gradients
-
-    params = [p for p in policy.parameters() if p.requires_grad]
-    out = []
-    policy.train()
-    for t in range(num_steps):
-        policy.zero_grad(set_to_none=True)
-        accumulate_gradients(
-            policy,
-            batch,
-            train_steps=torch.tensor([t]),
-            micro_batch=4096,
-            clip_low=0.2,
-            clip_high=0.28,
-        )
-        out.append(
-            torch.cat(
-                [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
-            )
-        )
-    policy.eval()
-    return torch.stack(out)
-
-
-def shuffled(batch, g: torch.Generator):
-    from dataclasses import replace
-
-    adv = batch.advantages.view(-1, batch.group_size)
-    perm = torch.stack([torch.randperm(batch.group_size, generator=g) for _ in range(adv.shape[0])])
-    return replace(batch, advantages=torch.gather(adv, 1, perm).view(-1))
-
-
-def measure(cfg, policy, n_batches: int) -> dict[str, list[float]]:
+def measure(cfg, policy, spec):
+    """The step signal of ``policy`` on ``spec``'s probe batches: each generated with its seed,
+    scored with the config's reward, measured as a run's probe measures (``StepSignal``)."""
     from maskgrpo_ray.build import build_reward_from_settings
-    from maskgrpo_ray.data import PromptStream, load_prompts
     from maskgrpo_ray.settings import advantage_settings, settings_from_config
-    from maskgrpo_ray.step.phases import generate, make_train_batch, score
+    from maskgrpo_ray.step.phases import generate, score
+    from maskgrpo_ray.step.step_signal import measure as measure_signal
+    from maskgrpo_ray.step.step_signal import probe_batches
 
     s = settings_from_config(cfg)
     reward = build_reward_from_settings(s.reward)
-    stream = PromptStream(load_prompts(cfg.data.prompts, "train"), 123, True)
-    S = s.rollout.num_steps
-    real, noise = [], []
-    g = torch.Generator().manual_seed(7)
-    for k in range(n_batches):
-        prompts, idx = stream.take(cfg.train.prompts_per_step)
+    prompts, meta = probe_prompts(cfg, policy)
+    scored = []
+    for ch in spec.chunks(prompts):
         rb = generate(
             policy,
-            prompts,
-            idx,
+            ch.prompts,
+            ch.positions,
             policy_version=0,
-            generator=torch.Generator().manual_seed(1000 + k),
+            generator=torch.Generator().manual_seed(ch.seed),
             **s.rollout.kwargs(),
         )
-        sc = score(reward, rb)
-        keep = torch.isfinite(sc.rewards.view(-1, rb.group_size)).all(1)
-        tb = make_train_batch(sc, keep, advantage_settings(cfg))
-        real.append(step_gradients(policy, tb, S))
-        noise.append(step_gradients(policy, shuffled(tb, g), S))
-    out: dict[str, list[float]] = {}
-    for name, gs in (("real", real), ("shuffled", noise)):
-        G = torch.stack(gs)  # [K, S, P]
-        cos, norm = [], []
-        for t in range(S):
-            v = torch.nn.functional.normalize(G[:, t], dim=-1)
-            pairs = [float(v[i] @ v[j]) for i, j in itertools.combinations(range(len(gs)), 2)]
-            cos.append(statistics.fmean(pairs))
-            norm.append(float(G[:, t].norm(dim=-1).mean()))
-        out[f"cos_{name}"], out[f"norm_{name}"] = cos, norm
-        # the se of a mean of K(K-1)/2 dependent cosines: from the K per-batch means
-        per_batch = []
-        for i in range(len(gs)):
-            per_batch.append(
-                [
-                    statistics.fmean(
-                        float(
-                            torch.nn.functional.normalize(G[i, t], dim=0)
-                            @ torch.nn.functional.normalize(G[j, t], dim=0)
-                        )
-                        for j in range(len(gs))
-                        if j != i
-                    )
-                    for t in range(S)
-                ]
-            )
-        out[f"cos_{name}_se"] = [
-            statistics.stdev([pb[t] for pb in per_batch]) / len(gs) ** 0.5 for t in range(S)
-        ]
-    return out
+        scored.append(score(reward, rb, meta))
+    real, shuffled = probe_batches(scored, spec, advantage_settings(cfg))
+    return measure_signal(policy, real, shuffled, s.update)
+
+
+def as_results(signal) -> dict[str, list[float]]:
+    """The bench's JSON keys (``cos_real``, ``cos_shuffled``, their ``_se``, the norms)."""
+    return {
+        "cos_real": signal.cos,
+        "cos_real_se": signal.cos_se,
+        "cos_shuffled": signal.floor,
+        "cos_shuffled_se": signal.floor_se,
+        "norm_real": signal.norm,
+        "norm_shuffled": signal.norm_floor,
+    }
 
 
 def main() -> None:
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.step.step_signal import ProbeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "toy.yaml"))
-    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--batches", type=int, default=None, help="K (default 12; a probe's K)")
+    ap.add_argument("--prompts-per-batch", type=int, default=None, help="P (default B)")
     ap.add_argument("--after-steps", default="0,40")
+    ap.add_argument("--checkpoint", default=None, help="measure these weights instead")
+    ap.add_argument("--probe-step", type=int, default=None, help="a run probe's batches")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_step_signal.json"))
     a = ap.parse_args()
     torch.set_num_threads(1)
-    _CONFIG.append(Path(a.config))
-    _OVERRIDES.extend(a.overrides)
     cfg = load_config(a.config, a.overrides)
+    t = cfg.train
+    if a.probe_step is not None:
+        k = a.batches or t.step_signal_batches
+        p = a.prompts_per_batch or t.step_signal_prompts_per_batch or t.prompts_per_step
+        spec = ProbeSpec.of_run(cfg.run.seed, a.probe_step, k, p)
+    else:
+        spec = ProbeSpec.bench(a.batches or 12, a.prompts_per_batch or t.prompts_per_step)
+    if a.checkpoint is not None:
+        policies = {Path(a.checkpoint).name: policy_of(cfg, Path(a.checkpoint))}
+    else:
+        after = [int(x) for x in a.after_steps.split(",")]
+        policies = {str(w): _policy_after(Path(a.config), a.overrides, w) for w in after}
     results = {}
-    for w in [int(x) for x in a.after_steps.split(",")]:
-        policy = _policy_after(cfg, w)
-        m = measure(cfg, policy, a.batches)
-        results[str(w)] = m
-        print(
-            f"after {w} steps: step | cos real (se) | cos shuffled (se) | |g| real | |g| shuffled"
-        )
-        for t in range(len(m["cos_real"])):
+    for name, policy in policies.items():
+        m = as_results(measure(cfg, policy, spec))
+        results[name] = m
+        print(f"{name}: step | cos real (se) | cos shuffled (se) | |g| real | |g| shuffled")
+        for t_ in range(len(m["cos_real"])):
             print(
-                f"  {t:3d} | {m['cos_real'][t]:+.4f} ({m['cos_real_se'][t]:.4f}) | "
-                f"{m['cos_shuffled'][t]:+.4f} ({m['cos_shuffled_se'][t]:.4f}) | "
-                f"{m['norm_real'][t]:.4f} | {m['norm_shuffled'][t]:.4f}",
+                f"  {t_:3d} | {m['cos_real'][t_]:+.4f} ({m['cos_real_se'][t_]:.4f}) | "
+                f"{m['cos_shuffled'][t_]:+.4f} ({m['cos_shuffled_se'][t_]:.4f}) | "
+                f"{m['norm_real'][t_]:.4f} | {m['norm_shuffled'][t_]:.4f}",
                 flush=True,
             )
     Path(a.out).write_text(
@@ -196,7 +181,9 @@ def main() -> None:
             {
                 "config": a.config,
                 "overrides": a.overrides,
-                "batches": a.batches,
+                "batches": spec.batches,
+                "prompts_per_batch": spec.prompts_per_batch,
+                "probe_step": a.probe_step,
                 "results": results,
             },
             indent=1,

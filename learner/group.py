@@ -137,6 +137,27 @@ class LearnerGroup:
         self.version += 1
         return reduce_rank_metrics(outs)
 
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step-signal probe's Gram matrices ``[S, K, K]`` (real and shuffled advantages):
+        every rank measures its shard of each probe batch (``LearnerWorker.step_signal``), the
+        ranks' gradients summed before the Gram; rank 0's answer (they all hold the same)."""
+        w = self.world_size
+        per_rank = [
+            (ray.put([b.shard(r, w) for b in real]), ray.put([b.shard(r, w) for b in shuffled]))
+            for r in range(w)
+        ]
+        norms = [[b.num_samples for b in real], [b.num_samples for b in shuffled]]
+        outs = self.gather(
+            [
+                wk.step_signal.remote(rs, ss, norms)
+                for wk, (rs, ss) in zip(self.workers, per_rank, strict=True)
+            ],
+            "the step-signal probe",
+        )
+        return outs[0]
+
     def trained_bytes(self) -> int:
         """Bytes of the tensors a weight sync sends (counted on rank 0, nothing copied)."""
         return int(self.gather([self.workers[0].trained_nbytes.remote()], "a size query")[0])

@@ -56,6 +56,7 @@ from maskgrpo_ray.step.learner_core import (
     reference_policy,
     set_learning_rate,
 )
+from maskgrpo_ray.step.step_signal import rng_kept, step_grams
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,29 @@ class LearnerWorker(ActorProcess):
             normalizer=normalizer,
             num_backward=num_backward,
         )
+
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch], normalizers: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of the step-signal probe: the per-step gradients of its shards of
+        the probe batches (divided by each whole batch's samples, ``normalizers``), summed
+        over the ranks (``all_reduce``), as Gram matrices ``[S, K, K]`` (real, shuffled).
+        Taken on the engine's module outside the engine (ZeRO stage 0 or 1: the config refuses
+        2 and 3), its gradients restored after; every rank calls it."""
+        import torch.distributed as dist
+
+        def reduce(v: torch.Tensor) -> None:
+            if self.world_size > 1:
+                dist.all_reduce(v)
+
+        steps, s = int(real[0].old_logp.shape[1]), self.update_settings
+        module = self.engine.module
+        with rng_kept(module):
+            g_real = step_grams(module, real, steps, s, normalizers=normalizers[0], reduce=reduce)
+            g_shuf = step_grams(
+                module, shuffled, steps, s, normalizers=normalizers[1], reduce=reduce
+            )
+        return g_real, g_shuf
 
     def save(self) -> dict[str, list[ray.ObjectRef]]:
         """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions) of this rank, as object

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
+from maskgrpo_ray.checkpoint_cost import CheckpointCost
+
 # dense bf16 datasheet rates (FLOP/s); the first name that is part of a device's name wins
 PEAK_BF16: tuple[tuple[str, float], ...] = (
     ("H200", 989e12),
@@ -298,6 +300,21 @@ def workload_of(cfg: Any) -> Workload:
     )
 
 
+def probe_overhead(cfg: Any) -> tuple[float, float]:
+    """The step-signal probe's work (``train.step_signal_every_steps``) spread over the images a
+    run trains: (learner (sample, step) pairs, rollout images) per trained image. A probe takes
+    ``K`` batches of ``P`` prompts (``G`` samples each) and ``2 K S`` gradient passes over a
+    batch's samples, every ``N`` driver steps of ``B G`` images: ``2 K S P / (N B)`` pairs and
+    ``K P / (N B)`` images per trained image. Not in :func:`plan_split`'s split (a probe runs
+    between steps, on the same GPUs); (0, 0) with the probe off."""
+    t = cfg.train
+    if not t.step_signal_every_steps:
+        return 0.0, 0.0
+    p = t.step_signal_prompts_per_batch or t.prompts_per_step
+    share = t.step_signal_batches * p / (t.step_signal_every_steps * t.prompts_per_step)
+    return 2 * cfg.rollout.unmasking_steps * share, share
+
+
 def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int) -> StepCosts:
     """``R``, ``L``, ``W`` of one step on ``rollout_gpus`` + ``learner_gpus`` (see the module
     docstring for the granularity: whole groups per rollout actor, samples per learner rank)."""
@@ -329,19 +346,30 @@ class Ideal:
     limit: float  # n / (r + l): every GPU busy all the time, any split
     rollout_busy_async: float  # R / max(R, L + W)
     learner_busy_async: float  # (L + W) / max(R, L + W)
+    rollout_busy_sync: float  # R / (R + L + W): the rollout GPUs wait for the update and sync
+    learner_busy_sync: float  # (L + W) / (R + L + W)
+
+    def busy(self, asynchronous: bool) -> tuple[float, float]:
+        """(rollout, learner) GPUs' busy shares of a step in the given loop."""
+        if asynchronous:
+            return self.rollout_busy_async, self.learner_busy_async
+        return self.rollout_busy_sync, self.learner_busy_sync
 
 
 def pipeline_ideal(c: StepCosts) -> Ideal:
     """The ideal throughputs of :func:`step_costs`' split (seconds are GPU seconds, unscaled)."""
     images = c.images
     busy = max(c.rollout_s, c.learner_s + c.sync_s)
+    total = c.rollout_s + c.learner_s + c.sync_s
     n = c.rollout_gpus + c.learner_gpus
     return Ideal(
-        sync=images / (c.rollout_s + c.learner_s + c.sync_s),
+        sync=images / total,
         asynchronous=images / busy,
         limit=n / (c.r + c.l),
         rollout_busy_async=c.rollout_s / busy,
         learner_busy_async=(c.learner_s + c.sync_s) / busy,
+        rollout_busy_sync=c.rollout_s / total,
+        learner_busy_sync=(c.learner_s + c.sync_s) / total,
     )
 
 
@@ -377,66 +405,3 @@ def plan_split(p: CostProfile, w: Workload, gpus: int, *, asynchronous: bool = T
         step_costs(p, w, nr, nl),
         table,
     )
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_bytes(params: int, trained_params: int, *, bf16: bool) -> int:
-    """Bytes of one learner checkpoint (DeepSpeed's files): the module's weights (bf16: 2
-    bytes a parameter, fp32: 4) and, per trained parameter, Adam's two fp32 moments (8) and,
-    under bf16 mixed precision, the fp32 master copy (4). The toy's, fp32 and fully trained:
-    12 bytes a parameter (measured: 887,399 bytes for its 70,727 parameters and DeepSpeed's
-    framing); Show-o's 1.448B in bf16: 14, 20.3 GB."""
-    return params * (2 if bf16 else 4) + trained_params * (12 if bf16 else 8)
-
-
-@dataclass(frozen=True)
-class CheckpointRates:
-    """What a checkpoint's path costs (``backend.executor.RayExecutor.save``, ``storage``):
-    every rank writes its DeepSpeed files on its node, the files reach the driver through the
-    object store, the driver writes them to a staging folder hashing them (sha256) as they
-    come, builds the manifest (a second sha256 pass) and publishes them. The byte rates are
-    stated assumptions for a GPU cluster's head (NVMe-class disks, 10 Gb/s to the head;
-    sha256 1.4 GiB/s on one core was measured here), ``fixed_s`` the toy's measured
-    per-checkpoint cost (bench/checkpoint_cost.py), where the bytes take no time."""
-
-    learner_write: float = 1.0e9  # bytes/s, a rank's files to its node's disk
-    to_driver: float = 1.25e9  # bytes/s, object store -> the driver's node
-    driver_write: float = 1.0e9  # bytes/s, the staging folder, fsync included
-    sha256: float = 1.5e9  # bytes/s, one core; two passes
-    fixed_s: float = 0.03  # seconds, a checkpoint of no bytes (the toy's on Ray: 0.9 MB)
-
-    def seconds(self, nbytes: int) -> float:
-        per_byte = 1 / self.learner_write + 1 / self.to_driver + 1 / self.driver_write
-        return self.fixed_s + nbytes * (per_byte + 2 / self.sha256)
-
-
-@dataclass(frozen=True)
-class CheckpointCost:
-    """One checkpoint's predicted bytes and seconds, and what the cadence makes of them."""
-
-    bytes: int
-    seconds: float
-    interval_s: float  # between checkpoints: every_steps steps or every_minutes, the sooner
-    overhead: float  # checkpoint seconds over the interval (the run's time lost to them)
-    loses_s: float  # the most a SIGKILL loses: the interval, the step in flight and a save
-
-
-def checkpoint_cost(
-    nbytes: int,
-    step_s: float,
-    every_steps: int,
-    every_minutes: float,
-    rates: CheckpointRates | None = None,
-) -> CheckpointCost:
-    """A checkpoint of ``nbytes`` on a run whose steps take ``step_s``, checkpointed every
-    ``every_steps`` steps or ``every_minutes`` minutes, whichever comes first (0: that cadence
-    off; both off: only the run's start, end and a SIGTERM checkpoint, so ``interval_s`` and
-    ``loses_s`` are infinite)."""
-    seconds = (rates or CheckpointRates()).seconds(nbytes)
-    by_steps = every_steps * step_s if every_steps else math.inf
-    by_time = every_minutes * 60.0 + step_s if every_minutes else math.inf  # at a boundary
-    interval = min(by_steps, by_time)
-    overhead = seconds / interval if math.isfinite(interval) else 0.0
-    return CheckpointCost(nbytes, seconds, interval, overhead, interval + step_s + seconds)

@@ -68,6 +68,73 @@ def reward_curve_figure(rows: list[dict[str, Any]]) -> Any:
     return fig
 
 
+SIGNAL_FIGURES = ("cos", "cos_se", "floor", "floor_se", "norm", "norm_floor")
+
+
+def probe_rows(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, list[float]]]]:
+    """Each step-signal probe in a run's rows (``train.step_signal_every_steps``): its driver
+    step and, per figure (``step_signal/<figure>/<t>``), the values over the unmasking steps
+    (a non-finite value, logged as null, is NaN here)."""
+    out = []
+    for r in rows:
+        if "step" not in r or not any(k.startswith("step_signal/cos/") for k in r):
+            continue
+        figs: dict[str, list[float]] = {}
+        for name in SIGNAL_FIGURES:
+            prefix = f"step_signal/{name}/"
+            items = sorted((int(k[len(prefix) :]), v) for k, v in r.items() if k.startswith(prefix))
+            figs[name] = [math.nan if v is None else float(v) for _, v in items]
+        out.append((int(r["step"]), figs))
+    return out
+
+
+def step_signal_figure(probes: list[tuple[int, dict[str, list[float]]]]) -> Any:
+    """One plot of the probes (up to four: the first, the last and two between): each unmasking
+    step's cosine between probe batches' gradients (+-2 standard errors), against the last
+    probe's shuffled-advantage floor (its band +-2 standard errors)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    picks = sorted({round(i * (len(probes) - 1) / 3) for i in range(4)}) if probes else []
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    step, last = probes[-1]
+    ts = list(range(len(last["floor"])))
+    lo = [f - 2 * e for f, e in zip(last["floor"], last["floor_se"], strict=True)]
+    hi = [f + 2 * e for f, e in zip(last["floor"], last["floor_se"], strict=True)]
+    ax.fill_between(ts, lo, hi, color="0.85", label=f"shuffled floor +-2 se (step {step})")
+    ax.plot(ts, last["floor"], color="0.5", ls="--", lw=1)
+    for i in picks:
+        at, figs = probes[i]
+        err = [2 * e for e in figs["cos_se"]]
+        ax.errorbar(ts, figs["cos"], yerr=err, marker="o", ms=3, capsize=2, label=f"step {at}")
+    ax.axhline(0.0, color="0.3", lw=0.5)
+    ax.set_xlabel("unmasking step t")
+    ax.set_ylabel("cos between probe batches' g_t")
+    ax.set_title("Each unmasking step's gradient signal on the run's model", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def step_signal_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json``'s ``step_signal``: the last probe's figures (empty: no probe ran)."""
+    probes = probe_rows(rows)
+    if not probes:
+        return {}
+    step, figs = probes[-1]
+    last = next(r for r in rows if r.get("step") == step)
+    out: dict[str, Any] = {"probes": len(probes), "last_probe_step": step}
+    out.update({k: [None if math.isnan(v) else v for v in vs] for k, vs in figs.items()})
+    out["steps_above_floor"] = last.get("step_signal/steps_above_floor")
+    if "auto_steps" in last:
+        out["auto_steps"] = last["auto_steps"]
+    out["plot"] = "step_signal.png"
+    return out
+
+
 class RunLog:
     """Writes a run directory's step metrics, pictures and summary, and passes them on to the
     experiment trackers opened by :meth:`tracking` (none by default)."""
@@ -154,13 +221,21 @@ class RunLog:
         return aside
 
     def plot_reward_curve(self, name: str = "reward_curve.png") -> Path:
-        """The run's curves with labelled axes (:func:`reward_curve_figure`), as a PNG."""
+        """The run's curves with labelled axes (:func:`reward_curve_figure`), as a PNG; with
+        step-signal probes in the rows, also ``step_signal.png`` (to the trackers too)."""
         import matplotlib.pyplot as plt
 
         fig = reward_curve_figure(self.rows)
         out = self.run_dir / name
         fig.savefig(out, dpi=100)
         plt.close(fig)
+        probes = probe_rows(self.rows)
+        if probes:
+            fig = step_signal_figure(probes)
+            signal = self.run_dir / "step_signal.png"
+            fig.savefig(signal, dpi=100)
+            plt.close(fig)
+            self.trackers.log_image(probes[-1][0], "step_signal", signal)
         return out
 
     def save_sample_grid(
@@ -191,7 +266,11 @@ class RunLog:
         return out
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        """``summary.json``, its numbers to the trackers; ``tracker_failures`` when any failed."""
+        """``summary.json``, its numbers to the trackers; ``tracker_failures`` when any failed;
+        the last step-signal probe's figures (``step_signal``) when the run probed."""
+        signal = step_signal_summary(self.rows)
+        if signal:
+            summary["step_signal"] = signal
         self.trackers.log_summary(summary)
         if self.trackers.failures:
             summary["tracker_failures"] = dict(self.trackers.failures)

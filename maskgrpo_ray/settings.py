@@ -63,8 +63,8 @@ class UpdateSettings:
     """Everything one learner update needs (``learner_core``): objective, schedule, optimizer."""
 
     num_steps: int  # U, likelihood units per sample: S unmasking steps, or K mask draws
-    step_selection: str  # "all" | "first" | "last" | "random" (computational reduction)
-    steps_trained: int  # k for first/last/random
+    step_selection: str  # "all" | "first" | "last" | "random" | ... | "auto" (comp. reduction)
+    steps_trained: int  # k for first/last/random; auto: the cap
     micro_batch_pairs: int  # (sample, unmasking step) pairs per forward
     updates_per_batch: int
     clip_low: float
@@ -82,6 +82,7 @@ class UpdateSettings:
     anchor_steps: int = 0  # the first m unmasking steps trained towards the reference only
     anchor_coef: float = 0.0  # beta of their k3 (per transition)
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
+    auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ def _update_settings(cfg: Config, forward: ForwardSettings | None) -> UpdateSett
         anchor_steps=t.anchor_unmasking_steps,
         anchor_coef=t.anchor_kl_coef,
         autocast=cfg.learner.autocast,
+        auto_margin=t.unmasking_step_auto_margin,
     )
 
 

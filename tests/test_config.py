@@ -65,6 +65,7 @@ def test_override_syntax_error():
         "configs/showo_256_clip.yaml",
         "configs/showo_512_clip.yaml",
         "configs/showo_512_clip_forward.yaml",
+        "configs/showo_512_clip_unmasking_reduction.yaml",
         "configs/showo_tiny_random.yaml",
     ],
 )
@@ -73,9 +74,9 @@ def test_shipped_configs_validate(path):
 
 
 def test_forward_showo_config_differs_only_in_the_estimator():
-    """showo_512_clip_forward.yaml is the main Show-o run with the forward estimator: only the
-    likelihood, the inner updates, the clip, the run name and what the cheaper learner sets
-    (the trajectory's trained steps; the split of 16 GPUs each plans) differ."""
+    """showo_512_clip_forward.yaml is the main Show-o run (the paper's setting) with the forward
+    estimator: only the likelihood, the inner updates, the clip, the run name and the evidence
+    (none for the forward recipe) differ."""
     base = load_config("configs/showo_512_clip.yaml").model_dump()
     fwd = load_config("configs/showo_512_clip_forward.yaml").model_dump()
     differ = {
@@ -90,10 +91,9 @@ def test_forward_showo_config_differs_only_in_the_estimator():
         "likelihood.forward",
         "train.updates_per_batch",
         "train.clip_low",
-        "train.unmasking_step_selection",
-        "train.unmasking_steps_trained",
-        "rollout.num_actors",
-        "learner.num_workers",
+        "evidence.source",
+        "evidence.quality",
+        "evidence.reference",
     }
     assert fwd["likelihood"]["forward"]["mask_draws"] == 4
 

@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from maskgrpo_ray.checkpoint_cost import CheckpointRates, checkpoint_bytes, checkpoint_cost
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.cost_model import (
     PROFILES,
     SHOWO_FLOPS,
     SHOWO_PARAMS,
-    CheckpointRates,
     CostProfile,
     Workload,
-    checkpoint_bytes,
-    checkpoint_cost,
     peak_bf16,
     pipeline_ideal,
     plan_split,

@@ -41,6 +41,7 @@ from maskgrpo_ray.models.registry import prepare_model
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.step.collect import chunk_prompts_of
+from maskgrpo_ray.step.step_signal import StepSignal
 from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,23 @@ class RayExecutor:
 
     def load_filter_state(self, state: dict[str, Any] | None) -> None:
         self.filters.load_state_dict(state or {})  # None (no filter state): an empty one
+
+    def probe_rollouts(self, chunks: list[Chunk]) -> list[ScoredBatch]:
+        """The step-signal probe's batches, spread over the rollout actors as an evaluation is
+        (``RolloutActor.probe_chunk``: generated with the chunk's seed, scored there)."""
+        return self.fleet.map_rollout(
+            chunks, lambda h, c: h.probe_chunk.remote(c.prompts, c.positions, c.seed)
+        )
+
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch]
+    ) -> tuple[StepSignal, list[int] | None]:
+        """The measurement on the learner ranks (``LearnerGroup.step_signal``), and the
+        ``auto`` selection it leaves in the learner group's planner."""
+        with self.fleet.learner_busy:
+            real_gram, shuffled_gram = self.learner.step_signal(real, shuffled)
+        signal = StepSignal.of_grams(real_gram, shuffled_gram)
+        return signal, self.learner.planner.observe(signal)
 
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None

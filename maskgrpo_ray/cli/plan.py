@@ -8,6 +8,11 @@ prediction, the work-conserving limit ``n / (r + l)``, and what a learner checkp
 the run's cadence (bytes, seconds, the share of the run, what a kill loses), all from
 :mod:`maskgrpo_ray.cost_model` (the model ``bench/bench_cluster_sim.py`` checks against the
 simulated cluster). Predictions come from a FLOP model at stated MFUs: a plan, not a measurement.
+
+With ``--config`` the loop is the config's: ``rollout.max_policy_lag`` 0 plans the synchronous
+loop, 1 or more the asynchronous one (``--sync`` / ``--async`` override it); and the recipe's
+quality evidence (the config's ``evidence`` section) is printed beside its speed, or "no quality
+evidence" when a ``--set`` changed the recipe the evidence was measured for.
 """
 
 from __future__ import annotations
@@ -16,16 +21,14 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, NamedTuple
 
+from maskgrpo_ray.checkpoint_cost import CheckpointCost, checkpoint_bytes, checkpoint_cost
 from maskgrpo_ray.cost_model import (
     PROFILES,
-    CheckpointCost,
     CostProfile,
     SplitPlan,
     Workload,
-    checkpoint_bytes,
-    checkpoint_cost,
     pipeline_ideal,
     plan_split,
     showo_profile,
@@ -41,7 +44,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=16, help="GPUs to split (rollout + learner)")
     p.add_argument("--estimator", choices=["trajectory", "forward"], default=None)
     p.add_argument("--prompts-per-step", type=int, default=None, help="B (default: profile's)")
-    p.add_argument("--sync", action="store_true", help="plan the synchronous loop (lag 0)")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument(
+        "--sync", action="store_true", help="plan the synchronous loop (lag 0; a config's default)"
+    )
+    loop.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="plan the asynchronous loop (lag >= 1; a profile's default)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
         "--config",
@@ -92,10 +104,51 @@ def _profile(args: argparse.Namespace) -> CostProfile:
     return p
 
 
-def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload]:
-    """The profile and the workload of ``--config``: the config's step, with the profile named
-    by ``--profile``, else the sim model's own, else Show-o's at the config's resolution on
-    ``--gpu``."""
+class Evidence(NamedTuple):
+    """What the planned recipe is known to keep: the config's ``evidence``, or none."""
+
+    source: str  # "none" | "paper" | "proxy_toy" | "proxy_shapes"
+    line: str  # what the planner prints
+    changed: list[str]  # --set keys that changed the recipe (the file's evidence then void)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+NO_RECIPE = Evidence(
+    "none", "no quality evidence (a cost profile, not a recipe: --config plans one)", []
+)
+
+
+class Planned(NamedTuple):
+    """What :func:`make_plan` answers (``report(*planned)`` is ``--json``'s object)."""
+
+    profile: CostProfile
+    work: Workload
+    plan: SplitPlan
+    evidence: Evidence = NO_RECIPE
+    probe: tuple[float, float] = (0.0, 0.0)  # the step-signal probe's pairs, images per image
+
+
+def _evidence(cfg: Any, overrides: list[str]) -> Evidence:
+    """The config's evidence line, void when an override changed its recipe."""
+    from maskgrpo_ray.config import parse_overrides
+    from maskgrpo_ray.config.evidence import LABELS, recipe_keys
+
+    changed = recipe_keys([key for key, _ in parse_overrides(overrides)])
+    if changed and cfg.evidence.source != "none":
+        line = (
+            f"{LABELS['none']} for this recipe: --set {', '.join(changed)} changed the one the "
+            f"file's evidence is for ({cfg.evidence.line()})"
+        )
+        return Evidence("none", line, changed)
+    return Evidence(cfg.evidence.source, cfg.evidence.line(), changed)
+
+
+def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload, Any]:
+    """The profile, the workload and the config of ``--config``: the config's step, with the
+    profile named by ``--profile``, else the sim model's own, else Show-o's at the config's
+    resolution on ``--gpu``."""
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.cost_model import workload_of
 
@@ -115,33 +168,44 @@ def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload]:
             f"--config {args.config}: model.kind {cfg.model.kind!r} has no cost profile; give "
             f"--profile NAME ({', '.join(sorted(PROFILES))})"
         )
-    return profile, work
+    return profile, work, cfg
 
 
-def make_plan(args: argparse.Namespace) -> tuple[CostProfile, Workload, SplitPlan]:
-    """The profile ``args`` name (or ``--config``'s), its workload and the recommended split;
-    ValueError (one line, the fix) for a profile, GPU or option that does not exist."""
+def _asynchronous(args: argparse.Namespace, cfg: Any) -> bool:
+    """The loop to plan: ``--sync`` / ``--async``, else the config's ``rollout.max_policy_lag``
+    (0: synchronous), else (a profile) asynchronous."""
+    if args.sync or getattr(args, "asynchronous", False):
+        return not args.sync
+    return cfg is None or cfg.rollout.max_policy_lag > 0
+
+
+def make_plan(args: argparse.Namespace) -> Planned:
+    """The profile ``args`` name (or ``--config``'s), its workload, the recommended split for
+    the loop to plan and the recipe's evidence; ValueError (one line, the fix) for a profile,
+    GPU or option that does not exist."""
+    from maskgrpo_ray.cost_model import probe_overhead
+
+    cfg, evidence, probe = None, NO_RECIPE, (0.0, 0.0)
     if getattr(args, "config", None) is not None:
-        profile, work = _from_config(args)
+        profile, work, cfg = _from_config(args)
+        evidence, probe = _evidence(cfg, args.overrides), probe_overhead(cfg)
     else:
         profile = _profile(args)
         work = Workload.of_profile(profile)
-    plan = plan_split(profile, work, args.gpus, asynchronous=not args.sync)
-    return profile, work, replace(plan, checkpoint=_checkpoint(args, profile, work, plan))
+    split = plan_split(profile, work, args.gpus, asynchronous=_asynchronous(args, cfg))
+    split = replace(split, checkpoint=_checkpoint(cfg, profile, work, split))
+    return Planned(profile, work, split, evidence, probe)
 
 
-def _checkpoint(
-    args: argparse.Namespace, profile: CostProfile, work: Workload, plan: SplitPlan
-) -> CheckpointCost:
+def _checkpoint(cfg: Any, profile: CostProfile, work: Workload, plan: SplitPlan) -> CheckpointCost:
     """A learner checkpoint of the profile's model at the recommended split's step time and
-    the run's cadence (``--config``'s ``run.checkpoint_every_*``, ``learner.bf16`` and
+    the run's cadence (the ``--config``'s ``run.checkpoint_every_*``, ``learner.bf16`` and
     ``model.lora``; else the defaults, bf16 and full fine-tuning, as the Show-o configs)."""
-    from maskgrpo_ray.config import RunConfig, load_config
+    from maskgrpo_ray.config import RunConfig
 
     params = profile.weight_bytes // 2  # the profile's weight sync sends every tensor in bf16
     run, bf16, trained = RunConfig(), True, params  # a profile alone: the defaults (no torch)
-    if args.config:
-        cfg = load_config(args.config, args.overrides)
+    if cfg is not None:
         run, bf16 = cfg.run, cfg.learner.bf16
         trained = 0 if cfg.model.lora is not None else params  # LoRA: the adapter's, negligible
     nbytes = checkpoint_bytes(params, trained, bf16=bf16)
@@ -149,17 +213,31 @@ def _checkpoint(
     return checkpoint_cost(nbytes, step_s, run.checkpoint_every_steps, run.checkpoint_every_minutes)
 
 
-def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, Any]:
-    """``maskgrpo plan --json``'s object (the Python API's ``plan`` returns it)."""
-    ideal = pipeline_ideal(plan.costs)
+def report(
+    profile: CostProfile,
+    work: Workload,
+    plan: SplitPlan,
+    evidence: Evidence = NO_RECIPE,
+    probe: tuple[float, float] = (0.0, 0.0),
+) -> dict[str, Any]:
+    """``maskgrpo plan --json``'s object (the Python API's ``plan`` returns it); the busy shares
+    are those of the planned loop (``asynchronous``)."""
+    rollout_busy, learner_busy = pipeline_ideal(plan.costs).busy(plan.asynchronous)
     return {
         "profile": profile.to_dict(),
         "workload": asdict(work),
+        "asynchronous": plan.asynchronous,
         "recommended": {"rollout_gpus": plan.rollout_gpus, "learner_gpus": plan.learner_gpus},
         "images_per_s": plan.images_per_s,
+        "images_per_gpu_s": plan.images_per_s / plan.gpus,
         "work_conserving_limit": plan.limit,
-        "rollout_busy": ideal.rollout_busy_async,
-        "learner_busy": ideal.learner_busy_async,
+        "rollout_busy": rollout_busy,
+        "learner_busy": learner_busy,
+        "evidence": evidence.to_dict(),
+        "step_signal_probe": {
+            "learner_pairs_per_image": probe[0],
+            "rollout_images_per_image": probe[1],
+        },
         "splits": [{"rollout": r, "learner": n, "images_per_s": v} for r, n, v in plan.table],
         "checkpoint": None if plan.checkpoint is None else asdict(plan.checkpoint),
     }
@@ -167,16 +245,18 @@ def report(profile: CostProfile, work: Workload, plan: SplitPlan) -> dict[str, A
 
 def run(args: argparse.Namespace) -> int:
     try:
-        profile, work, plan = make_plan(args)
+        planned = make_plan(args)
     except ValueError as err:
         print(f"maskgrpo plan: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report(profile, work, plan), indent=2))
+        print(json.dumps(report(*planned), indent=2))
         return 0
-    ideal = pipeline_ideal(plan.costs)
+    profile, work, plan, evidence, probe = planned
     c = plan.costs
-    mode = "synchronous" if args.sync else "asynchronous (max_policy_lag >= 1)"
+    rollout_busy, learner_busy = pipeline_ideal(c).busy(plan.asynchronous)
+    loop = "asynchronous" if plan.asynchronous else "synchronous"
+    mode = f"{loop} (max_policy_lag {'>= 1' if plan.asynchronous else '0'})"
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
         f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
@@ -196,17 +276,22 @@ def run(args: argparse.Namespace) -> int:
         f"(rollout.num_actors={plan.rollout_gpus}, learner.num_workers={plan.learner_gpus}): "
         f"{plan.images_per_s:.2f} img/s ({plan.images_per_s / args.gpus:.3f} img/GPU/s), "
         f"R={c.rollout_s:.2f} s, L={c.learner_s:.2f} s per step; busy: rollout GPUs "
-        f"{ideal.rollout_busy_async:.2f}, learner GPUs {ideal.learner_busy_async:.2f} "
-        f"(asynchronous); work-conserving limit {plan.limit:.2f} img/s "
-        f"({plan.images_per_s / plan.limit:.3f} of it). A model, not a measurement."
+        f"{rollout_busy:.2f}, learner GPUs {learner_busy:.2f} ({loop}); work-conserving "
+        f"limit {plan.limit:.2f} img/s ({plan.images_per_s / plan.limit:.3f} of it). A model, "
+        f"not a measurement. Evidence: {evidence.line}."
     )
     if plan.checkpoint is not None:
         print(_checkpoint_line(plan.checkpoint))
+    if probe[0]:
+        print(
+            f"the step-signal probe (train.step_signal_every_steps) adds {probe[0]:.2f} learner "
+            f"pairs and {probe[1]:.3f} rollout images per trained image, not in the split above"
+        )
     return 0
 
 
 def _checkpoint_line(ck: CheckpointCost) -> str:
-    """What a checkpoint costs and what the cadence loses (cost_model.CheckpointRates)."""
+    """What a checkpoint costs and what the cadence loses (checkpoint_cost.CheckpointRates)."""
     if ck.interval_s == float("inf"):
         cadence = "no cadence (start, end and SIGTERM only): a SIGKILL loses all since the start"
     else:
@@ -217,5 +302,5 @@ def _checkpoint_line(ck: CheckpointCost) -> str:
         )
     return (
         f"checkpoint: {ck.bytes / 1e9:.2f} GB of learner state, about {ck.seconds:.0f} s to "
-        f"write (stated disk and network rates, cost_model.CheckpointRates); {cadence}"
+        f"write (stated disk and network rates, checkpoint_cost.CheckpointRates); {cadence}"
     )

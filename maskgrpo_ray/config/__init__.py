@@ -12,9 +12,9 @@ to the YAML before validation.
 This module is the import point: the whole tree (:class:`Config`), its cross-section rules, and
 loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
 ``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``,
-``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), and
-are re-exported here. Importing it loads no torch and no model: a model kind's module is
-imported when a config naming it is validated.
+``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
+:mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
+no torch and no model: a model kind's module is imported when a config naming it is validated.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from maskgrpo_ray.config import builtin
 from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.evidence import EvidenceConfig
 from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
@@ -57,6 +58,7 @@ __all__ = [
     "DataConfig",
     "DiversityConfig",
     "EvalConfig",
+    "EvidenceConfig",
     "FilterConfig",
     "ForwardEstimatorConfig",
     "LearnerConfig",
@@ -96,6 +98,9 @@ class Config(Strict):
     learner: LearnerConfig = Field(LearnerConfig(), description="the learner group (DeepSpeed)")
     eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
     logging: LoggingConfig = Field(LoggingConfig(), description="outputs")
+    evidence: EvidenceConfig = Field(
+        EvidenceConfig(), description="what the recipe is known to keep (maskgrpo plan prints it)"
+    )
 
     @model_validator(mode="after")
     def _weight_sync(self) -> Config:
@@ -114,6 +119,31 @@ class Config(Strict):
                 f"{lc.num_gpus_per_worker} and rollout.num_gpus_per_actor="
                 f"{ro.num_gpus_per_actor}: one group must be all GPU (NCCL) or all CPU (gloo); "
                 "give both GPUs or neither, or use weight_sync 'object_store'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _step_signal(self) -> Config:
+        t, est = self.train, self.likelihood.estimator
+        if t.unmasking_step_selection == "auto" and t.step_signal_every_steps == 0:
+            raise ValueError(
+                "train.unmasking_step_selection='auto' with train.step_signal_every_steps=0: "
+                "auto trains the steps the step-signal probe measures, and the probe is off; "
+                "set train.step_signal_every_steps (e.g. 20), or choose another selection"
+            )
+        if t.step_signal_every_steps and est != "trajectory":
+            raise ValueError(
+                f"train.step_signal_every_steps={t.step_signal_every_steps} with "
+                f"likelihood.estimator={est!r}: the probe measures unmasking steps' gradients, "
+                "which only the trajectory estimator trains; set it to 0 or use the trajectory "
+                "estimator"
+            )
+        if t.step_signal_every_steps and self.learner.zero_stage >= 2:
+            raise ValueError(
+                f"train.step_signal_every_steps={t.step_signal_every_steps} with "
+                f"learner.zero_stage={self.learner.zero_stage}: the probe's gradients are taken "
+                "outside the DeepSpeed engine, which ZeRO-2/3 reduce or partition inside every "
+                "backward; use learner.zero_stage 0 or 1, or set step_signal_every_steps 0"
             )
         return self
 

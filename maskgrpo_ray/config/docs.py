@@ -22,6 +22,7 @@ from maskgrpo_ray.config import (
     DataConfig,
     DiversityConfig,
     EvalConfig,
+    EvidenceConfig,
     FilterConfig,
     ForwardEstimatorConfig,
     LearnerConfig,
@@ -33,6 +34,7 @@ from maskgrpo_ray.config import (
     RewardConfig,
     RolloutConfig,
     RunConfig,
+    ShapesModelConfig,
     ShowoModelConfig,
     ToyModelConfig,
     TrainConfig,
@@ -43,6 +45,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),
     ("model", ModelConfig),
     ("model.toy", ToyModelConfig),
+    ("model.shapes", ShapesModelConfig),
     ("model.showo", ShowoModelConfig),
     ("model.lora", LoraConfig),
     ("data", DataConfig),
@@ -58,6 +61,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
     ("logging", LoggingConfig),
+    ("evidence", EvidenceConfig),
 )
 """Every model of the tree, under the dotted path its fields are set with."""
 
@@ -70,7 +74,7 @@ config/__init__.py (the tree), not this file. -->
 
 One tree of strict pydantic models (`maskgrpo_ray/config/`: the tree in `__init__.py`, its
 sections by role in `policy.py`: model, rollout, likelihood; `training.py`: reward, filter,
-train, learner; `run.py`: run, data, eval, logging), read from YAML with `safe_load`
+train, learner; `run.py`: run, data, eval, logging; `evidence.py`: evidence), read from YAML with `safe_load`
 (no `eval`) and overridden with `--set section.field=value` (the value is parsed as a YAML
 scalar: `--set train.steps=20`, `--set rollout.transition=p2`). Unknown keys, wrong types and
 broken cross-field rules fail before anything starts, naming the field, the value and the fix:
@@ -90,9 +94,10 @@ iteration: `train.steps`, `eval.every_steps`); the sampler's steps are *unmaskin
 
 Configs shipped: `configs/*.yaml` of the repository, installed inside the package too, so
 `--config toy` (a bare name) reads the built-in `toy.yaml` anywhere; `maskgrpo configs list`
-names them all (`toy`, the embedded default; `showo_256_clip`, `showo_512_clip`: real Show-o
-from local folders / HF cache, GPU cluster; `showo_tiny_random`: the real Show-o classes with
-tiny random weights, CPU; ...) and `maskgrpo configs copy NAME` writes one here to edit.
+names them all (`toy`, the embedded default; `showo_512_clip`: the paper's setting on real
+Show-o from local folders / HF cache, GPU cluster, and `showo_512_clip_unmasking_reduction`
+beside it; `showo_256_clip`; `showo_tiny_random`: the real Show-o classes with tiny random
+weights, CPU; ...) and `maskgrpo configs copy NAME` writes one here to edit.
 """
 
 

@@ -184,7 +184,7 @@ class TrainConfig(Strict):
         default_factory=DiversityConfig, description="diversity-aware advantages"
     )
     unmasking_step_selection: Literal[
-        "all", "first", "last", "random", "group_random", "window"
+        "all", "first", "last", "random", "group_random", "window", "auto"
     ] = Field(
         "all",
         description=(
@@ -193,13 +193,56 @@ class TrainConfig(Strict):
             "anew for each group and update, every sample of a group on the same steps "
             "(iso-temporal, Flash-GRPO); window: k consecutive steps whose start slides one "
             "step every unmasking_window_shift_updates updates, early to late, then again "
-            "(MixGRPO)"
+            "(MixGRPO); auto: the steps the step-signal probe (step_signal_every_steps) "
+            "measures above the shuffled floor (unmasking_step_auto_margin), at most k, "
+            "re-measured at every probe; the first probe runs before the first update"
         ),
     )
     unmasking_steps_trained: int = Field(
         0,
         ge=0,
-        description="k, unmasking steps trained by first/last/random/group_random/window",
+        description="k, unmasking steps trained by first/last/random/group_random/window; "
+        "auto: the most it trains (the cap the planner's cost model uses)",
+    )
+    step_signal_every_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "every N driver steps (step 0 included), before the step's update, measure each "
+            "unmasking step's gradient signal on the run's own model (bench/step_signal.py's "
+            "measurement: step_signal_batches fresh probe batches, their per-step gradients' "
+            "mean cosine against the same with advantages shuffled within groups) and log it "
+            "(metrics.jsonl step_signal/*, the trackers, summary.json, RUN_DIR/step_signal.png); "
+            "0: off. Cost per probe (P = B): K steps' rollouts and 2K full-trajectory updates' "
+            "learner passes (2 x K x S passes over B x G samples, no optimizer step): at the "
+            "defaults (K = 6) and the paper's Show-o 512 batch, 57600 (sample, step) pairs "
+            "against an update's 4800; on the toy (S = 8, 16 prompts) 3.1-3.6 s a probe at "
+            "one torch thread on a shared 2-core machine, against 0.2-0.4 s for a training "
+            "step of its default recipe, so it is off there. Its own RNG streams: the weights "
+            "a run learns do not change"
+        ),
+    )
+    step_signal_batches: int = Field(
+        6,
+        ge=3,
+        description="K, independent probe batches per measurement (cosines of K(K-1)/2 pairs; "
+        "the jackknife standard error needs a few: at K = 4 it is about 3x the spread of the "
+        "per-batch means over sqrt(K), at 6 2.5x)",
+    )
+    step_signal_prompts_per_batch: int = Field(
+        0,
+        ge=0,
+        description="P, prompts per probe batch (x G samples each); 0: train.prompts_per_step, "
+        "the question being whether one update's gradient at a step has a direction (the "
+        "signal's share falls with the batch: on the toy, 4 prompts a batch find nothing)",
+    )
+    unmasking_step_auto_margin: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "auto: a step is trained when its cosine exceeds the shuffled floor by this many "
+            "standard errors of the difference (sqrt(se^2 + se_floor^2))"
+        ),
     )
     unmasking_window_shift_updates: int = Field(
         1, ge=1, description="window selection: updates before the window moves one step"

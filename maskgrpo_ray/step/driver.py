@@ -45,6 +45,7 @@ from maskgrpo_ray.step.recovery import (
     RunFailed,
     StepAbandoned,
 )
+from maskgrpo_ray.step.step_signal import StepSignalProbe
 from maskgrpo_ray.types import TrainBatch, tensor_nbytes
 
 __all__ = ["EvalSet", "RunFailed", "StepOutcome", "make_source", "run_step", "train"]
@@ -177,15 +178,18 @@ class _Loop:
     pending: list[Pending] = field(default_factory=list)  # submitted steps, oldest first
     # where a learner lost with no checkpoint to roll back to goes on from (RunCursor.source)
     redo: RunCursor = field(default_factory=lambda: RunCursor(0, None))
+    probe: StepSignalProbe | None = None  # train.step_signal_every_steps
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
+        probed = self.probe.run(step) if self.probe is not None else {}  # before the update
         pending, self.pending = self.pending, []
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
         out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
         row = out.row
+        row.update(probed)
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step < cfg.train.steps - 1:
@@ -320,6 +324,8 @@ def train(
     source = make_source(ex, cfg, stream)
     totals = {"samples": 0.0, "train_seconds": 0.0}
     loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg))
+    if cfg.train.step_signal_every_steps:
+        loop.probe = StepSignalProbe(cfg, ex, list(stream.prompts))
     ckpts = Checkpoints(cfg, ex, source, run_dir, runlog)
     start_step = _start(loop, ckpts, resume_from)
     lc = cfg.logging

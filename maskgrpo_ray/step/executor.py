@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from maskgrpo_ray.data_plane import Traffic
-    from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch
+    from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch, TrainBatch
 
 
 class PhaseTimer:
@@ -88,6 +88,18 @@ class Executor(GroupWork, Protocol):
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote."""
+
+    def probe_rollouts(self, chunks: list[Chunk]) -> list[ScoredBatch]:
+        """The step-signal probe's batches, one per chunk, generated with the current weights
+        and scored with the run's reward, whole (images dropped); nothing of the run's own
+        collection (prompt stream, filter, seeds) is touched."""
+
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch]
+    ) -> tuple[Any, list[int] | None]:
+        """The step-signal measurement of the probe batches on the learner's current weights
+        (a ``step.step_signal.StepSignal``), and the ``auto`` selection it leaves in force
+        (None: the selection is not ``auto``)."""
 
     def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
         """A new learner after ``lost`` (:class:`LearnerLost`); :meth:`load` restores it. With

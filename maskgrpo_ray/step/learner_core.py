@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, select_train_steps
+from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
 from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pad_loss
@@ -132,11 +133,53 @@ class UpdatePlan:
 
 
 class UpdatePlanner:
-    """Plans updates: the learning-rate schedule and the step-selection stream (seed + 1)."""
+    """Plans updates: the learning-rate schedule, the step-selection stream (seed + 1) and the
+    ``auto`` selection (the steps the last step-signal probe measured above its floor)."""
 
     def __init__(self, s: UpdateSettings) -> None:
         self.settings = s
         self.generator = torch.Generator().manual_seed(s.seed + 1)
+        self.auto_steps: list[int] | None = None  # auto: the selection in force
+        self._warned = False
+
+    def observe(self, signal: Any) -> list[int] | None:
+        """``auto``: the selection after a probe (``signal``: ``cos``, ``cos_se``, ``floor``,
+        ``floor_se`` per step): the steps above the floor by ``auto_margin`` standard errors,
+        at most ``steps_trained``. None of them above it: the selection of the last probe that
+        found some stays (the evidence it had is not undone by a noisier look); at the first
+        probe, the ``steps_trained`` steps standing highest above their floor, with a WARNING.
+        The selection in force (None when the selection is not ``auto``)."""
+        s = self.settings
+        if s.step_selection != "auto":
+            return None
+        c, cs, f, fs = signal.cos, signal.cos_se, signal.floor, signal.floor_se
+        chosen = select_by_signal(c, cs, f, fs, s.steps_trained, s.auto_margin)
+        if chosen:
+            self.auto_steps = chosen
+        elif self.auto_steps is None:
+            self.auto_steps = top_by_excess(c, f, s.steps_trained)
+            log.warning(
+                "unmasking_step_selection auto: no step stands %.1f standard errors above the "
+                "shuffled floor at the first probe; training the %d standing highest (%s) until "
+                "a probe finds some",
+                s.auto_margin,
+                s.steps_trained,
+                self.auto_steps,
+            )
+        return list(self.auto_steps)
+
+    def _auto(self) -> torch.Tensor:
+        """The steps ``auto`` trains: the last probe's selection; before any (a checkpoint
+        written before the selection was ``auto``), every step, with a WARNING once."""
+        if self.auto_steps is not None:
+            return torch.tensor(self.auto_steps, dtype=torch.long)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "unmasking_step_selection auto has no measurement yet: training every "
+                "unmasking step until the next step-signal probe"
+            )
+        return torch.arange(self.settings.num_steps)
 
     def plan(self, update: int, num_samples: int = 0, group_size: int = 1) -> UpdatePlan:
         """The plan of the ``update``-th update (0-based) of a batch of ``num_samples``
@@ -151,6 +194,8 @@ class UpdatePlanner:
             )  # [B, K]
             units = per_group.repeat_interleave(group_size, dim=0)  # [N, K]
             return UpdatePlan(torch.arange(0), lr, s.cycle_units, units)
+        if s.step_selection == "auto":
+            return UpdatePlan(self._auto(), lr, s.cycle_units)
         steps = select_train_steps(
             s.num_steps,
             s.step_selection,
@@ -161,11 +206,18 @@ class UpdatePlanner:
         )
         return UpdatePlan(steps, lr, s.cycle_units)
 
-    def state(self) -> torch.Tensor:
-        return self.generator.get_state()
+    def state(self) -> torch.Tensor | dict[str, Any]:
+        """The selection stream's state; with an ``auto`` selection in force, with it."""
+        if self.auto_steps is None:
+            return self.generator.get_state()
+        return {"generator": self.generator.get_state(), "auto_steps": list(self.auto_steps)}
 
-    def load_state(self, state: torch.Tensor) -> None:
-        self.generator.set_state(state)
+    def load_state(self, state: torch.Tensor | dict[str, Any]) -> None:
+        if isinstance(state, dict):
+            self.auto_steps = [int(t) for t in state["auto_steps"]]
+            self.generator.set_state(state["generator"])
+        else:
+            self.generator.set_state(state)
 
 
 class Optimizing(Protocol):

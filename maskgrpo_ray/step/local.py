@@ -25,6 +25,7 @@ from maskgrpo_ray.step.learner_core import (
     reference_policy,
 )
 from maskgrpo_ray.step.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.step.step_signal import StepSignal, measure
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
 
@@ -84,6 +85,20 @@ class LocalExecutor:
 
     def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
         return filter_groups(scored, self.filt)
+
+    def probe_rollouts(self, chunks: list[Chunk]) -> list[ScoredBatch]:
+        """The step-signal probe's batches: each chunk generated with its seed and scored (the
+        global RNG state kept: the run's own draws are the same with the probe or without)."""
+        with torch.random.fork_rng(devices=[]):
+            return [self.generate_and_score([ch], Traffic()) for ch in chunks]
+
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch]
+    ) -> tuple[StepSignal, list[int] | None]:
+        """The measurement on this process's policy (``step_signal.measure``: its gradients,
+        mode and RNG state restored), and the ``auto`` selection it leaves in force."""
+        signal = measure(self.policy, real, shuffled, self.settings.update)
+        return signal, self.planner.observe(signal)
 
     def filter_state(self) -> dict[str, Any] | None:
         return None if self.filt is None else self.filt.state_dict()
