@@ -47,8 +47,14 @@ def build_policy(model: ModelConfig, device: torch.device | None = None) -> Mask
 def build_reward_from_settings(
     reward: RewardSettings, device: torch.device | None = None
 ) -> CompositeReward:
-    """The weighted reward composition (every component built now, so a missing file fails)."""
-    return build_reward(list(reward.specs), device=device)
+    """The weighted reward composition (every component built now, so a missing file fails),
+    with the components its diversity figures are measured in."""
+    return build_reward(
+        list(reward.specs),
+        device=device,
+        diversity_embedding=reward.diversity_embedding,
+        train_embedding=reward.train_embedding,
+    )
 
 
 def build_filter(f: FilterSettings) -> StdHistoryFilter | None:

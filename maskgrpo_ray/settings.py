@@ -15,9 +15,11 @@ from pydantic import BaseModel
 
 from maskgrpo_ray.algo.estimators import ForwardSettings
 from maskgrpo_ray.algo.grpo import LossGuards
-from maskgrpo_ray.config import Config, ModelConfig, RewardConfig, RolloutConfig
-from maskgrpo_ray.models.registry import reward_defaults
-from maskgrpo_ray.rewards.base import RewardSpec
+from maskgrpo_ray.config import Config, ModelConfig, RewardComponent, RewardConfig, RolloutConfig
+from maskgrpo_ray.diversity import embedding_choice, train_figure
+from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.models.registry import load_plugins, reward_defaults
+from maskgrpo_ray.rewards.base import RewardSpec, reward_embeds
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -91,7 +93,9 @@ class AdvantageSettings:
 
     kind: str  # "grpo" | "centred" | "gdpo"
     diversity: str  # "none" | "gardo" | "bonus"
-    measure: str  # "diversity/nn" | "diversity/pairwise": the per-sample figure diversity uses
+    # the per-sample figure diversity uses: "diversity/nn" | "diversity/pairwise", or
+    # "diversity_train/..." where train.diversity.embedding is not the reported figures' space
+    measure: str
     bonus_weight: float
     gardo_over: str  # "group" | "positive"
     recentre: bool  # gardo: the scaled advantages centred per group again
@@ -122,6 +126,10 @@ class RewardSettings:
     """The reward composition, built the same way by reward actors and evaluation."""
 
     specs: tuple[RewardSpec, ...]
+    # the component the diversity figures are measured in (None: the heaviest that embeds)
+    diversity_embedding: str | None = None
+    # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
+    train_embedding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,13 +276,65 @@ def _learner_settings(cfg: Config) -> LearnerSettings:
 
 
 def _reward_settings(cfg: Config) -> RewardSettings:
-    """Each component's arguments: the model kind's defaults for it, then its own ``args``."""
-    return RewardSettings(
-        tuple(
-            RewardSpec(c.kind, c.weight, {**reward_defaults(cfg.model, c.kind), **c.args})
-            for c in cfg.reward.components
-        )
+    """Each component's arguments: the model kind's defaults for it, then its own ``args``;
+    the components the diversity figures are measured in."""
+    specs = tuple(
+        RewardSpec(c.kind, c.weight, {**reward_defaults(cfg.model, c.kind), **c.args})
+        for c in cfg.reward.components
     )
+    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg))
+
+
+def component_name(c: RewardComponent) -> str:
+    """A reward component's name: the key of its part in the composite (``args.name``, else
+    its kind)."""
+    return str(c.args.get("name", c.kind))
+
+
+def _embedding_components(cfg: Config) -> list[tuple[str, float, bool]]:
+    """``(name, weight, embeds)`` of every reward component (the model's plugins, which may
+    register reward kinds, imported first)."""
+    load_plugins(cfg.model.plugins)
+    return [(component_name(c), c.weight, reward_embeds(c.kind)) for c in cfg.reward.components]
+
+
+def check_diversity_spaces(cfg: Config) -> None:
+    """Before anything starts: ``reward.diversity_embedding`` and ``train.diversity.embedding``
+    name components that embed, and ``train.diversity`` has one to use. Raises a one-line
+    :class:`UserError` naming the field, the value and the fix."""
+    comps = _embedding_components(cfg)
+    embeds = [n for n, _, e in comps if e]
+    names = [n for n, _, _ in comps]
+    kind = cfg.train.diversity.kind
+    if kind != "none" and not embeds:
+        raise UserError(
+            f"train.diversity.kind={kind!r}: no reward component has an image embedding "
+            f"(components: {names}), so there is no diversity/{cfg.train.diversity.measure} "
+            "to use; add one that does (clip, toy_rules, toy_geneval, shapes_clip, "
+            "shapes_judge; weight 0 is enough) or set train.diversity.kind none"
+        )
+    fields = [("reward.diversity_embedding", cfg.reward.diversity_embedding)]
+    if kind != "none":
+        fields.append(("train.diversity.embedding", cfg.train.diversity.embedding))
+    for field_name, named in fields:
+        if named is not None and named not in embeds:
+            raise UserError(
+                f"{field_name}={named!r} names no reward component with an image embedding "
+                f"(the components that have one: {embeds}; all: {names}); name one of them, "
+                "or leave it unset (null) for the heaviest that has one"
+            )
+
+
+def _train_embedding(cfg: Config) -> str | None:
+    """The component ``train.diversity`` measures in, where it is not the one the reported
+    figures are measured in (then the reward computes ``diversity_train/*`` there); else None."""
+    d, named = cfg.train.diversity, cfg.reward.diversity_embedding
+    if d.kind == "none" or d.embedding == named:
+        return None
+    check_diversity_spaces(cfg)
+    comps = _embedding_components(cfg)
+    train = embedding_choice(comps, d.embedding)
+    return train if train != embedding_choice(comps, named) else None
 
 
 def _healing(section: RolloutConfig | RewardConfig) -> PoolHealing:
@@ -295,14 +355,12 @@ def advantage_settings(cfg: Config) -> AdvantageSettings:
     return AdvantageSettings(
         kind=t.advantage,
         diversity=t.diversity.kind,
-        measure=f"diversity/{t.diversity.measure}",
+        measure=train_figure(t.diversity.measure, _train_embedding(cfg) is not None),
         bonus_weight=t.diversity.bonus_weight,
         gardo_over=t.diversity.gardo_normalize,
         recentre=t.diversity.recentre,
         eps=t.advantage_eps,
-        component_weights={
-            str(c.args.get("name", c.kind)): c.weight for c in cfg.reward.components
-        },
+        component_weights={component_name(c): c.weight for c in cfg.reward.components},
     )
 
 

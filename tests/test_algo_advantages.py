@@ -178,12 +178,12 @@ def test_a_diversity_rule_without_its_figure_is_one_clear_line():
 
 
 def test_preflight_refuses_a_diversity_rule_no_reward_can_feed():
-    from maskgrpo_ray.cli import check_diversity_embedding
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.errors import UserError
-    from maskgrpo_ray.rewards.base import RewardSpec
+    from maskgrpo_ray.settings import check_diversity_spaces
 
-    cfg = load_config("configs/toy.yaml", ["train.diversity.kind=gardo"])
-    check_diversity_embedding(cfg, [RewardSpec("toy_rules")])  # the toy's reward embeds
+    gardo = ["train.diversity.kind=gardo"]
+    check_diversity_spaces(load_config("configs/toy.yaml", gardo))  # the toy's reward embeds
+    blind = load_config("configs/toy.yaml", [*gardo, "reward.components=[{kind: sim_cost}]"])
     with pytest.raises(UserError, match="no reward component has an image embedding"):
-        check_diversity_embedding(cfg, [RewardSpec("sim_cost")])
+        check_diversity_spaces(blind)

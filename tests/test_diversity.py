@@ -4,21 +4,26 @@ pairwise distance in the reward's embedding space, in training rows and in evalu
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from maskgrpo_ray.diversity import (
+    CEILING,
     DISTINCT,
+    LAYOUTS,
     NEAREST,
     PAIRWISE,
     distinct_first,
+    expected_distinct_fraction,
     group_diversity,
     mean_pairwise_distance,
     reward_embedding,
 )
 from maskgrpo_ray.rewards.base import build_reward
 from maskgrpo_ray.worlds.toy import world as toyworld
+from maskgrpo_ray.worlds.toy.model import toy_prompts
 from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
 GRID, PX = 4, 8
@@ -87,8 +92,15 @@ def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch
         assert 1 / 6 <= r[DISTINCT] <= 1.0, r  # G = 6: at least one distinct image a group
         assert 0.0 <= r[PAIRWISE] <= 1.0, r
         assert 0.0 <= r[NEAREST] <= r[PAIRWISE] + 1e-6, r  # the nearest is at most the mean
+        assert r[LAYOUTS] == r[DISTINCT], r  # a toy image is its cells: one layout, one image
     summary = json.loads((run / "summary.json").read_text())
     assert f"eval_{NEAREST}" in summary["base_eval"] and f"eval_{NEAREST}" in summary["final_eval"]
+    # the ceiling of 4 samples: a k-dot prompt has C(8, k) correct images on the 4x4 grid
+    counts = [toyworld.Caption.parse(p).count for p in toy_prompts("eval")]
+    ceiling = sum(expected_distinct_fraction(math.comb(8, k), 4) for k in counts) / len(counts)
+    for ev in (summary["base_eval"], summary["final_eval"]):
+        assert ev[f"eval_{CEILING}"] == pytest.approx(ceiling, rel=1e-6)
+        assert ev[f"eval_{LAYOUTS}"] == ev[f"eval_{DISTINCT}"]
     out = tmp_path / "eval"
     rc = main(
         ["eval", "--weights", "base", "--out", str(out), "--backend", "local"]
@@ -100,6 +112,8 @@ def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch
     assert 0.25 <= means[DISTINCT] <= 1.0 and 0.0 <= means[PAIRWISE] <= 1.0, means
     md = (out / "report.md").read_text()
     assert DISTINCT in md and PAIRWISE in md and NEAREST in md
+    assert LAYOUTS in md and CEILING in md
+    assert means[CEILING] == pytest.approx(ceiling, rel=1e-6)
     assert 0.0 <= means[NEAREST] <= means[PAIRWISE] + 1e-6
     print({k: v for k, v in means.items() if k.startswith("diversity")})
 

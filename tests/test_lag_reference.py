@@ -55,10 +55,13 @@ DIVERSITY_WEIGHT_ATOL = 5e-5
 
 
 # the diversity-aware, two-component rules: the driver's advantages from the reward actors'
-# figures and parts (on Ray) equal the single process's
+# figures and parts (on Ray) equal the single process's. The figures are measured in `c`'s
+# embedding, GARDO keeps its own space (the heaviest, `s`, first of the tie): the reward actors
+# send diversity_train/* too, which the advantages read
 DIVERSITY = (
     "reward.components=[{kind: toy_rules, args: {terms: score, name: s}}, "
     "{kind: toy_rules, args: {terms: correct, name: c}}]",
+    "reward.diversity_embedding=c",
     "train.advantage=gdpo",
     "train.diversity.kind=gardo",
     "train.diversity.recentre=true",
@@ -96,6 +99,8 @@ def test_ray_run_equals_the_local_run(tmp_path, monkeypatch, lag, extra):
     if extra:  # the first pass of every update reproduces the rollout's log-probs (ratio 1)
         assert all(r["ratio_mean"] == pytest.approx(1.0, abs=1e-6) for r in a + b)
         assert all("diversity/nn" in r for r in a + b)
+        # both parts read the same cells: the two spaces agree here, exactly
+        assert all(r["diversity_train/nn"] == r["diversity/nn"] for r in a + b)
         for ra, rb in zip(a, b):
             assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-6)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -135,7 +135,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.models.registry import check_model_files
     from maskgrpo_ray.rewards.base import check_reward_files
-    from maskgrpo_ray.settings import settings_from_config
+    from maskgrpo_ray.settings import check_diversity_spaces, settings_from_config
 
     column = cfg.data.prompt_column
     train = load_prompt_records(cfg.data.prompts, "train", column=column).records
@@ -144,6 +144,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     ).records
     if not any(k.startswith("model.") for k in unfetched):
         check_model_files(cfg.model)
+    check_diversity_spaces(cfg)  # reward.diversity_embedding, train.diversity: one line
     specs = settings_from_config(cfg).reward.specs
     fetched = [
         s
@@ -151,25 +152,9 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
         if not any(k.startswith(f"reward.components[{i}].") for k in unfetched)
     ]
     check_reward_files(fetched)
-    check_diversity_embedding(cfg, specs)
     for key in sorted(unfetched):
         log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)
     return RunPrompts(train, evals)
-
-
-def check_diversity_embedding(cfg: Config, specs: Sequence[Any]) -> None:
-    """``train.diversity`` needs a reward component with an image embedding (its per-sample
-    distances come from it): a one-line error before anything starts, naming the fix."""
-    from maskgrpo_ray.rewards.base import reward_embeds
-
-    kind = cfg.train.diversity.kind
-    if kind != "none" and not any(reward_embeds(s.kind) for s in specs):
-        raise UserError(
-            f"train.diversity.kind={kind!r}: no reward component has an image embedding "
-            f"(components: {[s.kind for s in specs]}), so there is no diversity/"
-            f"{cfg.train.diversity.measure} to use; add one that does (clip, toy_rules, "
-            "toy_geneval; weight 0 is enough) or set train.diversity.kind none"
-        )
 
 
 def run_train(

@@ -33,6 +33,15 @@ class RewardConfig(Strict):
         default_factory=lambda: [RewardComponent(kind="toy_rules")],
         description="reward terms, summed with their weights (see reward.components[])",
     )
+    diversity_embedding: str | None = Field(
+        None,
+        description="the reward component (its args.name, else its kind) whose image embedding "
+        "the figures diversity/pairwise and diversity/nn are measured in, in training rows and "
+        "evaluation; it must embed (clip, toy_rules, toy_geneval, shapes_clip, shapes_judge). "
+        "None: the heaviest component that embeds, the reward's own space, which the policy is "
+        "pushed on; name another (weight 0 is enough) for a judge that is not the reward "
+        "(docs/diversity.md)",
+    )
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="Ray GPUs reserved per reward actor")
@@ -92,10 +101,20 @@ class DiversityConfig(Strict):
     measure: Literal["nn", "pairwise"] = Field(
         "nn",
         description=(
-            "the per-sample diversity it uses, in the reward's embedding (CLIP image features; "
-            "the toy's palette cells): nn, 1 - cos to the nearest other member of the group "
-            "(diversity/nn, GARDO's); pairwise, the mean 1 - cos to the others "
+            "the per-sample diversity it uses, in the image embedding of `embedding` (CLIP "
+            "image features; the toy's palette cells): nn, 1 - cos to the nearest other member "
+            "of the group (diversity/nn, GARDO's); pairwise, the mean 1 - cos to the others "
             "(diversity/pairwise)"
+        ),
+    )
+    embedding: str | None = Field(
+        None,
+        description=(
+            "the reward component (args.name, else kind) in whose image embedding `measure` "
+            "is taken; None: the heaviest component that embeds (the reward's own space), "
+            "whatever reward.diversity_embedding says. Where the two differ the reward also "
+            "computes diversity_train/nn and diversity_train/pairwise, the figures this rule "
+            "reads"
         ),
     )
     bonus_weight: float = Field(

@@ -110,6 +110,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     from maskgrpo_ray.evaluation.runner import ModelSource, geneval_metadata
     from maskgrpo_ray.evaluation.weights import resolve_weights
     from maskgrpo_ray.hub import resolve_config
+    from maskgrpo_ray.settings import check_diversity_spaces
 
     models = _labels(args.weights)
     run_dirs = [Path(s) for _, s in models if (Path(s) / "config.yaml").is_file()]
@@ -119,6 +120,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
     overrides += adapter_overrides([s for _, s in models], config, overrides)
     cfg, _ = resolve_config(load_config(config, overrides))  # hub ids -> local folders
+    check_diversity_spaces(cfg)  # reward.diversity_embedding names a component that embeds
     spec = args.prompts or cfg.data.eval_prompts or cfg.data.prompts
     prompts = load_prompt_records(spec, "eval", column=args.prompt_column or cfg.data.prompt_column)
     geneval_metadata(prompts)  # a tag on some lines only, or a bad metadata line: stop here

@@ -11,17 +11,21 @@ so the images do not depend on the number of rollout actors. The evaluation insi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from maskgrpo_ray.diversity import FIGURES
+from maskgrpo_ray.diversity import CEILING, FIGURES, expected_distinct_fraction
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.models.registry import entry_for
 from maskgrpo_ray.settings import EvalSettings
 from maskgrpo_ray.step.phases import generate, score_rewards
 from maskgrpo_ray.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,47 @@ def unit_rewards(
     return out
 
 
+def distinct_ceiling(
+    count: Callable[[str], int | None], prompts: Sequence[str], samples_per_prompt: int
+) -> torch.Tensor:
+    """float ``[P * S]``, prompt-major: each prompt's ceiling of ``diversity/distinct``, the
+    expected fraction of distinct images among its ``S`` samples when drawn uniformly from its
+    ``count(prompt)`` correct images (:func:`~maskgrpo_ray.diversity.expected_distinct_fraction`),
+    repeated over its samples (NaN where ``count`` is None or 0: no correct image, no
+    ceiling)."""
+    per_prompt = []
+    for p in prompts:
+        m = count(p)
+        per_prompt.append(math.nan if not m else expected_distinct_fraction(m, samples_per_prompt))
+    return torch.tensor(per_prompt, dtype=torch.float64).repeat_interleave(samples_per_prompt)
+
+
+def ceiling_counter(model: ModelConfig) -> Callable[[str], int | None] | None:
+    """The model kind's count of a prompt's correct images (``ModelEntry.correct_images``), or
+    None when its world does not know it."""
+    entry = entry_for(model)
+    return None if entry.correct_images is None else entry.correct_images(model)
+
+
+def ceiling_figures(
+    model: ModelConfig,
+    prompts: Sequence[str],
+    samples_per_prompt: int,
+    tags: Sequence[str | None] | None = None,
+) -> dict[str, float]:
+    """``eval_diversity/distinct_ceiling`` (the mean of :func:`distinct_ceiling` over the
+    prompts; per GenEval tag too, as :func:`summarize`), ``{}`` when the world has no count."""
+    count = ceiling_counter(model)
+    if count is None:
+        return {}
+    return summarize([{CEILING: distinct_ceiling(count, prompts, samples_per_prompt)}], tags)
+
+
 def summarize(
     per_unit: Sequence[dict[str, torch.Tensor]], tags: Sequence[str | None] | None = None
 ) -> dict[str, float]:
-    """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``pairwise`` / ``nn``:
+    """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``pairwise`` / ``nn``
+    / ``layouts`` / ``distinct_ceiling`` (those present):
     means over the finite per-sample values of all units (NaN when none is finite). With ``tags``
     (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
     tag."""

@@ -22,7 +22,15 @@ import torch
 
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data import LoadedPrompts, PromptRecord
-from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, make_units, unit_rewards
+from maskgrpo_ray.diversity import CEILING
+from maskgrpo_ray.evaluation.generation import (
+    EvalUnit,
+    ceiling_counter,
+    distinct_ceiling,
+    generate_unit,
+    make_units,
+    unit_rewards,
+)
 from maskgrpo_ray.evaluation.geneval import check_geneval_folder, write_geneval_prompt
 from maskgrpo_ray.evaluation.types import EvalSample, ModelEval
 from maskgrpo_ray.evaluation.weights import BASE
@@ -151,9 +159,11 @@ SampleScorer = Callable[[RolloutBatch, list[str], list[dict[str, Any]] | None], 
 def scorers(
     cfg: Config, metric_specs: Sequence[Any], metas_known: bool, device: torch.device
 ) -> dict[str, SampleScorer]:
-    """Per-sample scorers: the run's training reward (``reward``, ``accuracy``), GenEval's rule
-    (``geneval``: when the model kind scores it on its images, e.g. the toy world's, and the
-    prompts carry GenEval metadata) and every per-sample metric spec."""
+    """Per-sample scorers: the run's training reward (``reward``, ``accuracy``, the diversity
+    figures), GenEval's rule (``geneval``: when the model kind scores it on its images, e.g. the
+    toy world's, and the prompts carry GenEval metadata), the ceiling of
+    ``diversity/distinct`` (when the kind counts a prompt's correct images) and every
+    per-sample metric spec."""
     from maskgrpo_ray.build import build_reward_from_settings
     from maskgrpo_ray.evaluation.metrics import build_sample_metric
     from maskgrpo_ray.models.registry import entry_for
@@ -173,6 +183,13 @@ def scorers(
             return rule(batch.images, metas)
 
         out["geneval"] = geneval
+    count = ceiling_counter(cfg.model)
+    if count is not None:  # the world knows each prompt's correct images: distinct's ceiling
+
+        def ceiling(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
+            return {CEILING: distinct_ceiling(count, batch.prompts, batch.group_size)}
+
+        out["ceiling"] = ceiling
     for spec in metric_specs:
         if spec.kind == "fid":
             continue

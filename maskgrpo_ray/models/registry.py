@@ -62,6 +62,11 @@ class ModelEntry:
             metadata of each image) -> {"geneval": float32 [N]}`` applies GenEval's rule to the
             kind's images by exact detection (the toy world's palette cells); None: the kind
             has no such scorer (its GenEval folders are for the official evaluator).
+        correct_images: ``model_cfg -> count``, where ``count(prompt)`` is the number of
+            distinct correct images of a prompt of the kind's world (the toy's: every layout
+            of the right dots), None where it is not known; evaluation then reports the
+            ceiling of ``diversity/distinct`` beside it (``diversity/distinct_ceiling``:
+            :func:`maskgrpo_ray.diversity.expected_distinct_fraction`). None: no ceiling.
     """
 
     build: Callable[[ModelConfig, torch.device], MaskedImagePolicy]
@@ -72,6 +77,7 @@ class ModelEntry:
     reward_defaults: Callable[[ModelConfig, str], Mapping[str, Any]] | None = None
     geneval_rule: Callable[[ModelConfig], GenEvalScorer] | None = None
     hub_fields: tuple[HubField, ...] = ()
+    correct_images: Callable[[ModelConfig], Callable[[str], int | None]] | None = None
 
 
 _MODELS: dict[str, ModelEntry] = {}

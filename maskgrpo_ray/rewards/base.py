@@ -126,11 +126,22 @@ class CompositeReward:
     Args:
         parts: ``(reward, weight)`` pairs; the rewards' ``name`` must be distinct (they key the
             per-reward report).
+        diversity_embedding: the part whose ``embed`` the diversity figures are measured in
+            (``reward.diversity_embedding``); None: the heaviest part that has one
+            (:mod:`maskgrpo_ray.diversity`).
+        train_embedding: the part whose ``embed`` ``train.diversity``'s own figures
+            (``diversity_train/*``) are measured in; None: it reads the reported ones.
     """
 
     name = "total"
 
-    def __init__(self, parts: Sequence[tuple[Reward, float]]) -> None:
+    def __init__(
+        self,
+        parts: Sequence[tuple[Reward, float]],
+        *,
+        diversity_embedding: str | None = None,
+        train_embedding: str | None = None,
+    ) -> None:
         if not parts:
             raise ValueError("CompositeReward needs at least one reward")
         names = [r.name for r, _ in parts]
@@ -142,6 +153,18 @@ class CompositeReward:
             )
         self.rewards: dict[str, Reward] = {r.name: r for r, _ in parts}
         self.weights: dict[str, float] = {r.name: float(w) for r, w in parts}
+        embeds = [n for n, r in self.rewards.items() if callable(getattr(r, "embed", None))]
+        for field_name, named in (
+            ("diversity_embedding", diversity_embedding),
+            ("train_embedding", train_embedding),
+        ):
+            if named is not None and named not in embeds:
+                raise ValueError(
+                    f"{field_name}={named!r} is no reward part with an image embedding; the "
+                    f"parts that have one: {embeds} (of {names})"
+                )
+        self.diversity_embedding = diversity_embedding
+        self.train_embedding = train_embedding
 
     def score(
         self, images: torch.Tensor, prompts: Sequence[str]
@@ -210,8 +233,12 @@ def register_reward(
             not here, without building the model.
         hub_fields: the ``args`` that take a Hugging Face hub id; the driver replaces them by
             local snapshot folders before any actor starts (:mod:`maskgrpo_ray.hub`).
-        embeds: the reward has ``embed(images) -> float [N, D]`` (the space of the diversity
-            figures ``diversity/pairwise`` and ``diversity/nn``, and of ``train.diversity``).
+        embeds: the reward has ``embed(images) -> float [N, D]`` (a space the diversity
+            figures ``diversity/pairwise`` and ``diversity/nn``, and ``train.diversity``, can
+            be measured in; ``reward.diversity_embedding`` may name only such a component).
+            A reward with ``layouts(images) -> list of N hashable keys`` (equal for the same
+            detected layout) gives ``diversity/layouts``; that method is found on the built
+            reward, no flag declares it (:mod:`maskgrpo_ray.diversity`).
     """
 
     def decorate(factory: RewardFactory) -> RewardFactory:
@@ -292,12 +319,15 @@ def build_reward(
     specs: Sequence[RewardSpec | tuple[str, float, Mapping[str, Any]]],
     *,
     device: str | torch.device | None = None,
+    diversity_embedding: str | None = None,
+    train_embedding: str | None = None,
 ) -> CompositeReward:
     """Build every reward of ``specs`` now (so missing weights fail at start) and compose them.
 
     Args:
         specs: :class:`RewardSpec` or ``(kind, weight, kwargs)`` tuples.
         device: where model rewards run (``None``: CUDA if present, else CPU).
+        diversity_embedding, train_embedding: the composite's (:class:`CompositeReward`).
 
     Returns:
         The :class:`CompositeReward` ``sum_k weight_k * reward_k``.
@@ -315,4 +345,6 @@ def build_reward(
             kwargs["name"] = spec.name  # factories take `name` to support this
         reward = factory(**kwargs)
         parts.append((reward, spec.weight))
-    return CompositeReward(parts)
+    return CompositeReward(
+        parts, diversity_embedding=diversity_embedding, train_embedding=train_embedding
+    )

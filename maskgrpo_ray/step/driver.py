@@ -21,6 +21,7 @@ import torch
 
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import fetch_rollout
+from maskgrpo_ray.evaluation.generation import ceiling_figures
 from maskgrpo_ray.evaluation.weights import export_final_policy
 from maskgrpo_ray.metrics import RunLog
 from maskgrpo_ray.settings import advantage_settings
@@ -142,10 +143,17 @@ class EvalSet:
         return len(self.prompts)
 
 
-def _evaluate(ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, float]:
+def _evaluate(cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, float]:
+    """The executor's held-out evaluation and, beside it, the ceiling of its
+    ``eval_diversity/distinct`` where the world knows it (``evaluation.generation``)."""
     if isinstance(eval_prompts, EvalSet):
-        return ex.evaluate(eval_prompts.prompts, eval_prompts.tags)
-    return ex.evaluate(eval_prompts)
+        prompts, tags = eval_prompts.prompts, eval_prompts.tags
+        out = ex.evaluate(prompts, tags)
+    else:
+        prompts, tags = eval_prompts, None
+        out = ex.evaluate(prompts)
+    out.update(ceiling_figures(cfg.model, prompts, cfg.eval.samples_per_prompt, tags))
+    return out
 
 
 def steps_ahead(cfg: Config, step: int, stop: Preemption) -> int:
@@ -193,7 +201,7 @@ class _Loop:
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step < cfg.train.steps - 1:
-            row.update(_evaluate(self.ex, self.eval_prompts))
+            row.update(_evaluate(cfg, self.ex, self.eval_prompts))
         if out.grid is not None:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
@@ -231,7 +239,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
-    loop.base = _evaluate(loop.ex, loop.eval_prompts)
+    loop.base = _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
         ckpts.save(0, loop.base, loop.totals)
@@ -386,7 +394,7 @@ def _run(
 def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict[str, Any]:
     """The final evaluation, the exported policy, the reward curve and ``summary.json``."""
     cfg, ex = loop.cfg, loop.ex
-    final = _evaluate(ex, loop.eval_prompts)
+    final = _evaluate(cfg, ex, loop.eval_prompts)
     log.info("tuned model: %s", final)
     if cfg.run.export_final_policy:
         info: dict[str, Any] = {"step": cfg.train.steps, "policy_version": ex.policy_version}

@@ -23,7 +23,7 @@ from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.algo.grpo import group_advantages, group_std
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
-from maskgrpo_ray.diversity import group_diversity, reward_embedding
+from maskgrpo_ray.diversity import reward_diversity
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.rewards.base import check_reward_inputs
@@ -188,6 +188,9 @@ def score_rewards(
     A component with ``uses_prompt_metadata = True`` is called ``fn(images, prompts, metas)``
     with each image's prompt metadata from ``prompt_meta`` (prompt text -> its metadata, e.g.
     GenEval's ``tag``/``include``; None where a prompt has none).
+
+    The per-sample diversity figures come along (:func:`maskgrpo_ray.diversity.reward_diversity`:
+    in the embedding the composite names, with its layouts, and ``train.diversity``'s own).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
     metas = [(prompt_meta or {}).get(p) for p in prompts]
@@ -209,7 +212,7 @@ def score_rewards(
         acc, failures["accuracy"] = _score_component("accuracy", acc_fn, batch, prompts, metas)
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
-    diversity = group_diversity(batch.images, batch.group_size, reward_embedding(reward))
+    diversity = reward_diversity(reward, batch.images, batch.group_size)
     return RewardResult(total, parts, acc, failures, diversity)
 
 
@@ -335,7 +338,8 @@ def batch_advantages(scored: ScoredBatch, s: AdvantageSettings) -> torch.Tensor:
             raise UserError(
                 f"train.diversity.kind={s.diversity!r} needs the per-sample {s.measure!r}, "
                 "which only a reward component with an image embedding gives (clip, toy_rules, "
-                "toy_geneval); add one (weight 0 is enough) or set train.diversity.kind none"
+                "toy_geneval, shapes_clip, shapes_judge); add one (weight 0 is enough) or set "
+                "train.diversity.kind none"
             )
         distance = scored.diversity[s.measure]
     parts = weights = None

@@ -9,7 +9,7 @@ world's vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -77,7 +77,8 @@ class ShapesJudgeReward:
     prompt's clauses that hold) + ``correct`` (1 when all hold) by default, in [0, 2];
     ``accuracy`` is ``correct`` (the world's GenEval proxy); ``embed`` the token-level colour
     layout (:func:`~maskgrpo_ray.worlds.shapes.judge.layout_features`), an embedding that is
-    not the reward model's."""
+    not the reward model's; ``layouts`` the detector's layout of each image
+    (``diversity/layouts``)."""
 
     name = "shapes_judge"
 
@@ -112,6 +113,12 @@ class ShapesJudgeReward:
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return judging.layout_features(images, self.patch_px)
+
+    def layouts(self, images: torch.Tensor) -> list[Hashable]:
+        """The detected layout of each image (the class, colour and box of every object the
+        detector finds: :func:`~maskgrpo_ray.worlds.shapes.judge.layout_key`), ``N`` keys:
+        ``diversity/layouts`` counts the distinct ones of a group."""
+        return [judging.layout_key(d) for d in judging.detect(images, self.patch_px)]
 
 
 @register_reward("shapes_judge", embeds=True)

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -259,6 +259,18 @@ def _geneval_rule(model: ModelConfig) -> GenEvalScorer:
     return lambda images, metas: toyworld.score_toy(images, metas, grid)
 
 
+def _correct_images(model: ModelConfig) -> Callable[[str], int | None]:
+    grid = model.toy.grid
+
+    def count(prompt: str) -> int | None:  # None: a prompt outside the grammar
+        try:
+            return toyworld.correct_layouts(toyworld.Caption.parse(prompt), grid)
+        except ValueError:
+            return None
+
+    return count
+
+
 def toy_prompts(split: str) -> list[str]:
     """The toy grammar's captions: the train split, or the held-out eval split."""
     train, held_out = toyworld.split_captions()
@@ -279,6 +291,7 @@ register_model(
         prepare=_prepare,
         reward_defaults=_reward_defaults,
         geneval_rule=_geneval_rule,
+        correct_images=_correct_images,
     ),
 )
 register_prompt_set("toy", toy_prompts, metadata=toy_prompt_metadata)

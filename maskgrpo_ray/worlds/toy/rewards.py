@@ -86,6 +86,18 @@ class ToyRuleReward:
         (``1 - cos`` of two images is the share of cells that differ; ``maskgrpo_ray.diversity``)."""
         return cell_features(images, self.grid)
 
+    def layouts(self, images: torch.Tensor) -> list[tuple[int, ...]]:
+        """The layout this reward reads of each image: its palette cells as a tuple
+        (``diversity/layouts``)."""
+        return cell_layouts(images, self.grid)
+
+
+def cell_layouts(images: torch.Tensor, grid: int) -> list[tuple[int, ...]]:
+    """The palette cells read from the pixels of each image, row-major, as ``N`` tuples of
+    ``L`` palette ids: equal exactly when two images show the same dots."""
+    cells = toyworld.pixels_to_cells(images.cpu(), grid)  # [N, g, g]
+    return [tuple(c) for c in cells.flatten(1).tolist()]
+
 
 def cell_features(images: torch.Tensor, grid: int) -> torch.Tensor:
     """The palette cells read from the pixels, one-hot and flattened: float ``[N, L * C]``."""
@@ -147,6 +159,10 @@ class ToyGenEvalReward:
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """The palette cells, one-hot (as :meth:`ToyRuleReward.embed`)."""
         return cell_features(images, self.grid)
+
+    def layouts(self, images: torch.Tensor) -> list[tuple[int, ...]]:
+        """The palette cells as a tuple per image (as :meth:`ToyRuleReward.layouts`)."""
+        return cell_layouts(images, self.grid)
 
 
 @register_reward("toy_geneval", embeds=True)

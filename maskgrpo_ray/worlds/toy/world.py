@@ -11,6 +11,7 @@ rule reward (``maskgrpo_ray.worlds.toy.rewards``) applies to decoded pixels.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,13 @@ def region_mask(position: str, grid: int) -> torch.Tensor:
     else:
         raise ValueError(f"unknown position {position!r}; expected one of {POSITIONS}")
     return m
+
+
+def correct_layouts(cap: Caption, grid: int) -> int:
+    """The number of correct scenes of a caption (so of distinct correct images: a scene
+    decodes to one image): ``count`` cells of the colour among the named half's cells, every
+    other cell background, ``C(half, count)``."""
+    return math.comb(int(region_mask(cap.position, grid).sum()), cap.count)
 
 
 def render_scene(
