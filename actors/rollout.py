@@ -153,6 +153,11 @@ class RolloutActor(PoolActor):
         batch = generate_unit(self.policy, unit, self.evaluation)
         return unit_rewards(self._eval_reward, batch, self.prompt_meta)
 
+    def eval_images(self, unit: EvalUnit, settings: EvalSettings) -> torch.Tensor:
+        """A unit's images with the current weights under ``settings`` (``grid_unit``): uint8
+        ``[N, H, W, 3]``, prompt-major."""
+        return generate_unit(self.policy, unit, settings).images
+
     def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
         """One step-signal probe batch (``step.step_signal``): a training rollout of the chunk
         with the current weights and its seed, scored here with the run's reward (the

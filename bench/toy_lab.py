@@ -110,15 +110,15 @@ def run_job(job: Job) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
     curve = [
-        {"step": r["step"] + 1, **{k: r[k] for k in EVAL_KEYS if k in r}}
+        {"step": r["step"] + 1, **{k: r[k] for k in r if _eval_key(k)}}
         for r in rows
         if "eval_accuracy" in r
     ]
     steps = cfg.train.steps
     curve = [
-        {"step": 0, **{k: s["base_eval"].get(k) for k in EVAL_KEYS}},
+        {"step": 0, **{k: v for k, v in s["base_eval"].items() if _eval_key(k)}},
         *curve,
-        {"step": steps, **{k: s["final_eval"].get(k) for k in EVAL_KEYS}},
+        {"step": steps, **{k: v for k, v in s["final_eval"].items() if _eval_key(k)}},
     ]
     return {
         "variant": job.variant,
@@ -127,16 +127,23 @@ def run_job(job: Job) -> dict[str, Any]:
         "config": job.config,
         "overrides": list(job.overrides),
         "extra": list(job.extra),
-        "base": {k: s["base_eval"].get(k) for k in EVAL_KEYS},
-        "final": {k: s["final_eval"].get(k) for k in EVAL_KEYS},
+        "base": {k: v for k, v in s["base_eval"].items() if _eval_key(k)},
+        "final": {k: v for k, v in s["final_eval"].items() if _eval_key(k)},
         "curve": curve,
         "train_reward": [r.get("reward_mean") for r in rows],
+        "train_accuracy": [r.get("accuracy") for r in rows],
         "train_distinct": [r.get("diversity/distinct") for r in rows],
         "wall_seconds": wall,
         "update_seconds": _mean(r.get("time/update") for r in rows),
         "generate_seconds": _mean(r.get("time/generate_score") for r in rows),
         "step_seconds": _mean(r.get("step_seconds") for r in rows),
     }
+
+
+def _eval_key(key: str) -> bool:
+    """An evaluation figure the lab keeps: the EVAL_KEYS and their per-tag values
+    (``eval_accuracy/<tag>``, ...), and the diversity ceiling where a world reports one."""
+    return key.startswith(("eval_accuracy", "eval_reward", "eval_diversity"))
 
 
 def _mean(xs: Iterable[Any]) -> float:
@@ -189,10 +196,10 @@ def run_jobs(
 
 
 def _pretrain(jobs: Sequence[Job]) -> None:
-    """Pre-train (or load) each distinct toy base model once, before the workers race for the
-    model cache."""
-    from maskgrpo_ray.build import build_policy
+    """Pre-train (or load) each distinct world's base model (and the world's own reward model,
+    where it has one) once, before the workers race for the model cache."""
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.models.registry import prepare_model
 
     seen = set()
     for j in jobs:
@@ -200,7 +207,7 @@ def _pretrain(jobs: Sequence[Job]) -> None:
         spec = json.dumps(cfg.model.model_dump(mode="json"), sort_keys=True)
         if spec not in seen:
             seen.add(spec)
-            build_policy(cfg.model)
+            prepare_model(cfg.model)
 
 
 # ----------------------------------------------------------------------------- statistics

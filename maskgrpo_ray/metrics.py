@@ -239,9 +239,15 @@ class RunLog:
         return out
 
     def save_sample_grid(
-        self, images: torch.Tensor, step: int, group_size: int, prompts: list[str] | None = None
+        self,
+        images: torch.Tensor,
+        step: int,
+        group_size: int,
+        prompts: list[str] | None = None,
+        name: str | None = None,
     ) -> Path:
-        """``uint8 [N, H, W, 3]`` -> one PNG, a row per prompt group labelled with its prompt."""
+        """``uint8 [N, H, W, 3]`` -> one PNG, a row per prompt group labelled with its prompt:
+        ``samples/step_<step>.png``, or ``samples/<name>.png``."""
         n, hh, ww, _ = images.shape
         cols = group_size
         rows = math.ceil(n / cols)
@@ -260,7 +266,7 @@ class RunLog:
             row_h = (hh + 2) * scale
             for r, text in enumerate(prompts[:rows]):
                 d.text((4, r * row_h + row_h // 2 - 6), text[:40], fill="black")
-        out = self.run_dir / "samples" / f"step_{step:06d}.png"
+        out = self.run_dir / "samples" / f"{name or f'step_{step:06d}'}.png"
         img.save(out)
         self.trackers.log_image(step, "samples", out)
         return out

@@ -161,6 +161,8 @@ def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
         assert key in rows[-1], key
     assert (run / "reward_curve.png").exists() and (run / "config.json").exists()
     assert sorted(p.name for p in (run / "samples").iterdir()) == [
+        "eval_tags_base.png",  # a held-out prompt per GenEval tag, the base model's
+        "eval_tags_final.png",  # the same prompts and seed, the tuned model's
         "step_000000.png",
         "step_000002.png",
     ]

@@ -34,7 +34,7 @@ from maskgrpo_ray.backend.fleet import RolloutFleet
 from maskgrpo_ray.backend.metrics import process_metrics
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic, TrainRefs
-from maskgrpo_ray.evaluation.generation import make_units, summarize
+from maskgrpo_ray.evaluation.generation import grid_unit, make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.models.registry import prepare_model
@@ -233,6 +233,12 @@ class RayExecutor:
         units = make_units(prompts, self.settings.eval)
         per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
         return summarize(per_unit, tags)
+
+    def eval_images(self, prompts: list[str]) -> torch.Tensor:
+        """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``), made
+        by one rollout actor."""
+        unit, settings = grid_unit(prompts, self.settings.eval)
+        return self.fleet.map_rollout([unit], lambda h, u: h.eval_images.remote(u, settings))[0]
 
     def extra_metrics(self) -> dict[str, float]:
         out = {**self.counters, **self.fleet.figures()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,6 +81,19 @@ def generate_unit(
     )
 
 
+GRID_SAMPLES = 6  # images per prompt in a run's per-tag evaluation grid
+
+
+def grid_unit(prompts: Sequence[str], settings: EvalSettings) -> tuple[EvalUnit, EvalSettings]:
+    """One fixed-seed unit of ``prompts`` (a prompt per GenEval tag) with at most
+    :data:`GRID_SAMPLES` images each: the same seed and noise for every checkpoint of a run, so
+    the base model's grid and the tuned model's show the same draws."""
+    unit = EvalUnit(-1, list(range(len(prompts))), list(prompts), unit_seed(settings.seed, 10**6))
+    return unit, replace(
+        settings, samples_per_prompt=min(GRID_SAMPLES, settings.samples_per_prompt)
+    )
+
+
 def unit_rewards(
     reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -138,7 +151,8 @@ def summarize(
     / ``layouts`` / ``distinct_ceiling`` (those present):
     means over the finite per-sample values of all units (NaN when none is finite). With ``tags``
     (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
-    tag."""
+    tag, and ``eval_accuracy/tag_mean``: the mean of the tags' accuracies, GenEval's "Overall"
+    (``eval_accuracy`` weighs every image alike, so a tag with more prompts weighs more)."""
     out: dict[str, float] = {}
     for key in ("reward", "accuracy", *FIGURES):
         parts = [u[key] for u in per_unit if key in u]
@@ -154,6 +168,9 @@ def summarize(
         for suffix, hit in groups.items():
             v = x[hit & torch.isfinite(x)]
             out[f"eval_{key}{suffix}"] = float(v.mean()) if v.numel() else math.nan
+        if key == "accuracy" and len(groups) > 1:
+            per_tag = [out[f"eval_accuracy{s}"] for s in groups if s]
+            out["eval_accuracy/tag_mean"] = sum(per_tag) / len(per_tag)
     return out
 
 

@@ -156,6 +156,22 @@ def _evaluate(cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet) -> d
     return out
 
 
+def _tag_grid(loop: _Loop, name: str) -> None:
+    """``samples/eval_tags_<name>.png``: the first held-out prompt of each GenEval tag under the
+    evaluation sampler, with the same seed for the base and the tuned model (when the run saves
+    sample grids and its evaluation prompts carry tags)."""
+    ev = loop.eval_prompts
+    if not loop.cfg.logging.sample_grid_every_steps or not isinstance(ev, EvalSet):
+        return
+    first = {t: p for p, t in reversed(list(zip(ev.prompts, ev.tags))) if t is not None}
+    prompts = [first[t] for t in sorted(first, key=lambda t: ev.tags.index(t))]
+    if prompts:
+        images = loop.ex.eval_images(prompts)
+        loop.runlog.save_sample_grid(
+            images, 0, len(images) // len(prompts), prompts, name=f"eval_tags_{name}"
+        )
+
+
 def steps_ahead(cfg: Config, step: int, stop: Preemption) -> int:
     """How many steps after ``step`` may have their rollouts submitted during its update: up
     to ``rollout.max_policy_lag``, never past the last step, never across a checkpoint (so a
@@ -241,6 +257,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     loop.base = _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
+    _tag_grid(loop, "base")
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
         ckpts.save(0, loop.base, loop.totals)
         loop.cadence.saved()
@@ -396,6 +413,7 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
     cfg, ex = loop.cfg, loop.ex
     final = _evaluate(cfg, ex, loop.eval_prompts)
     log.info("tuned model: %s", final)
+    _tag_grid(loop, "final")
     if cfg.run.export_final_policy:
         info: dict[str, Any] = {"step": cfg.train.steps, "policy_version": ex.policy_version}
         info["model_kind"] = cfg.model.kind

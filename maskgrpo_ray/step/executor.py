@@ -78,6 +78,10 @@ class Executor(GroupWork, Protocol):
         self, prompts: list[str], tags: list[str | None] | None = None
     ) -> dict[str, float]: ...
 
+    def eval_images(self, prompts: list[str]) -> torch.Tensor:
+        """Images of ``prompts`` under the evaluation sampler with a fixed seed (the run's
+        per-tag grid, ``evaluation.generation.grid_unit``): uint8 ``[N, H, W, 3]``."""
+
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The learner's trained tensors on the CPU (what a weight sync sends)."""
 

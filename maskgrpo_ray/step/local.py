@@ -11,7 +11,7 @@ import torch
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic
-from maskgrpo_ray.evaluation.generation import evaluate_rewards
+from maskgrpo_ray.evaluation.generation import evaluate_rewards, generate_unit, grid_unit
 from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
@@ -131,6 +131,11 @@ class LocalExecutor:
         return evaluate_rewards(
             self.policy, self.reward, prompts, self.settings.eval, tags, self.prompt_meta
         )
+
+    def eval_images(self, prompts: list[str]) -> torch.Tensor:
+        """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``)."""
+        unit, settings = grid_unit(prompts, self.settings.eval)
+        return generate_unit(self.policy, unit, settings).images
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {

@@ -34,7 +34,14 @@ from maskgrpo_ray.step.learner_core import LearnerLost
 log = logging.getLogger(__name__)
 
 # what the end of a run writes: a resume from an earlier step sets them aside (RunLog.supersede)
-RUN_ENDS = ("summary.json", FINAL_POLICY, FINAL_MERGED, FINAL_ADAPTER, "reward_curve.png")
+RUN_ENDS = (
+    "summary.json",
+    FINAL_POLICY,
+    FINAL_MERGED,
+    FINAL_ADAPTER,
+    "reward_curve.png",
+    "samples/eval_tags_final.png",
+)
 
 
 class RunFailed(RuntimeError):

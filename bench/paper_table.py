@@ -1,0 +1,223 @@
+"""The paper's Table 3 held against the GenEval-shaped world, paired by seed.
+
+    .venv/bin/python bench/paper_table.py [--seeds 0-7] [--steps 60] [--variants "..."]
+        [--jobs 2] [--fresh] [--out bench/results_paper_table.json]
+        [--markdown docs/paper_table.md]
+
+Every row is ``configs/shapes.yaml`` (the paper's recipe scaled down: p_theta1, no KL, the std
+filter, every unmasking step trained) with the row's change, trained ``--steps`` steps on the
+single-process backend, one run per seed (``bench/toy_lab.py``: cached per resolved config and
+seed, two at a time). Its figures: the held-out GenEval-proxy score after training (the judge's
+accuracy on the held-out prompts, GenEval's six tags weighted equally), the gain over the base
+model, the area under the held-out learning curve (AUC), each tag's final score, and the
+training reward beside the judge's accuracy over the last 10 steps (reward hacking shows as the
+first rising without the second). Every row is paired by seed against "Mask-GRPO": the mean
+difference and its 95% t-interval.
+
+The paper's rows (Table 3, Show-o, GenEval overall) stand beside the world's; each of the paper's
+orderings (every variant below the full method; the unmasking reduction above the computation
+reduction; p_theta1 ahead of p_theta2 early) is read off the paired intervals: "holds" when the
+interval excludes zero on the paper's side, "reversed" when it excludes zero on the other, else
+"not resolved".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import toy_lab as lab  # noqa: E402
+
+CONFIG = "configs/shapes.yaml"
+COMMON = ["eval.every_steps=20", "logging.sample_grid_every_steps=0"]
+TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+FULL = "Mask-GRPO (p_theta1)"
+HALF = 8  # of the 16 unmasking steps
+
+
+def _sel(kind: str, k: int) -> list[str]:
+    return [f"train.unmasking_step_selection={kind}", f"train.unmasking_steps_trained={k}"]
+
+
+VARIANTS: dict[str, list[str]] = {
+    FULL: [],
+    "w/ KL (beta 0.04)": ["train.kl_coef=0.04"],
+    "w/o sample filter": ["filter.enabled=false"],
+    "computation reduction: first half": _sel("first", HALF),
+    "computation reduction: last half": _sel("last", HALF),
+    # training rollouts of 6 unmasking steps (40% of the evaluation's 16: the paper's 20 of 50)
+    "unmasking reduction (T 6 of 16)": ["rollout.unmasking_steps=6", "eval.unmasking_steps=16"],
+    "p_theta2 (Eq. 15)": ["rollout.transition=p2"],
+}
+# Table 3 of the paper (Show-o, GenEval overall); the release's comment: the first 25 of 50 steps
+PAPER: dict[str, float] = {
+    "base": 0.53,
+    FULL: 0.73,
+    "w/ KL (beta 0.04)": 0.62,
+    "w/o sample filter": 0.60,
+    "computation reduction: first half": 0.56,
+    "unmasking reduction (T 6 of 16)": 0.66,
+}
+# (lower, higher, what the paper says): each is checked on the paired final score and AUC
+ORDERINGS = [
+    ("w/ KL (beta 0.04)", FULL, "KL hurts (0.62 < 0.73)"),
+    ("w/o sample filter", FULL, "the filter helps (0.60 < 0.73)"),
+    ("computation reduction: first half", FULL, "the first half loses (0.56 < 0.73)"),
+    ("computation reduction: last half", FULL, "not measured by the paper"),
+    ("unmasking reduction (T 6 of 16)", FULL, "the unmasking reduction loses a little (0.66)"),
+    ("computation reduction: first half", "unmasking reduction (T 6 of 16)", "0.56 < 0.66"),
+    ("p_theta2 (Eq. 15)", FULL, "p_theta1 converges faster (Fig. 3: AUC)"),
+]
+
+
+def figures(r: dict) -> dict[str, float]:
+    """A run's figures (see the module doc)."""
+    tr = [x for x in r["train_reward"][-10:] if x is not None]
+    ta = [x for x in r.get("train_accuracy", [])[-10:] if x is not None]
+    t0 = [x for x in r["train_reward"][:10] if x is not None]
+    a0 = [x for x in r.get("train_accuracy", [])[:10] if x is not None]
+    out = {
+        "final": r["final"]["eval_accuracy"],
+        "base": r["base"]["eval_accuracy"],
+        "gain": r["final"]["eval_accuracy"] - r["base"]["eval_accuracy"],
+        "auc": lab.auc(r["curve"]),
+        "reward_rise": (statistics.fmean(tr) - statistics.fmean(t0)) if tr and t0 else math.nan,
+        "judge_rise": (statistics.fmean(ta) - statistics.fmean(a0)) if ta and a0 else math.nan,
+        "pairwise": r["final"].get("eval_diversity/pairwise", math.nan),
+    }
+    for t in TAGS:
+        out[f"final/{t}"] = r["final"].get(f"eval_accuracy/{t}", math.nan)
+        out[f"base/{t}"] = r["base"].get(f"eval_accuracy/{t}", math.nan)
+    return out
+
+
+def _ci(v: tuple[float, float], signed: bool = True) -> str:
+    m, h = v
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+
+
+def verdict(diff: tuple[float, float]) -> str:
+    """The ordering "lower < higher" on a paired interval of ``lower - higher``."""
+    m, h = diff
+    if m + h < 0:
+        return "holds"
+    if m - h > 0:
+        return "reversed"
+    return f"not resolved ({'same sign' if m < 0 else 'opposite sign'} as the paper's)"
+
+
+def table(runs: list[dict], names: list[str], seeds: list[int]) -> dict:
+    sub = [r for r in runs if r["seed"] in seeds]
+    rows = []
+    base = [figures(r)["base"] for r in lab.of(sub, FULL)]
+    rows.append({"variant": "base", "paper": PAPER["base"], "final": lab.interval(base)})
+    for n in names:
+        rs = lab.of(sub, n)
+        if not rs:
+            continue
+        f = [figures(r) for r in rs]
+        row: dict = {"variant": n, "paper": PAPER.get(n), "seeds": len(rs)}
+        for key in ("final", "gain", "auc", "reward_rise", "judge_rise", "pairwise"):
+            row[key] = lab.interval([x[key] for x in f])
+        for t in TAGS:
+            row[f"final/{t}"] = lab.interval([x[f"final/{t}"] for x in f])
+        if n != FULL:
+            for key in ("final", "auc"):
+                row[f"d_{key}"] = lab.interval(lab.paired(sub, n, FULL, lambda r, k=key: figures(r)[k]))
+        row["step_seconds"] = statistics.fmean(r["step_seconds"] for r in rs)
+        row["update_seconds"] = statistics.fmean(r["update_seconds"] for r in rs)
+        rows.append(row)
+    orders = []
+    for lo, hi, says in ORDERINGS:
+        if lo not in names or hi not in names:
+            continue
+        d = {k: lab.interval(lab.paired(sub, lo, hi, lambda r, k=k: figures(r)[k])) for k in ("final", "auc")}
+        orders.append({"lower": lo, "higher": hi, "paper": says, **{f"d_{k}": v for k, v in d.items()}})
+    tag_rows = [{"variant": "base", **{t: lab.interval([figures(r)[f"base/{t}"] for r in lab.of(sub, FULL)]) for t in TAGS}}]
+    for n in names:
+        if lab.of(sub, n):
+            tag_rows.append({"variant": n, **{t: lab.interval([figures(r)[f"final/{t}"] for r in lab.of(sub, n)]) for t in TAGS}})
+    return {"rows": rows, "orderings": orders, "tags": tag_rows}
+
+
+def markdown(t: dict, seeds: list[int], steps: int) -> str:
+    out = [
+        f"Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), {steps} steps each; 95% t-intervals; "
+        "paired differences against Mask-GRPO.\n",
+        "| row | paper (Show-o, GenEval) | shapes world: GenEval proxy after training | gain | "
+        "vs Mask-GRPO, paired | held-out AUC | AUC vs Mask-GRPO | reward rise / judge rise "
+        "(training, first vs last 10 steps) | s per step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in t["rows"]:
+        paper = f"{r['paper']:.2f}" if r.get("paper") is not None else "-"
+        if r["variant"] == "base":
+            out.append(f"| base | {paper} | {_ci(r['final'], False)} | - | - | - | - | - | - |")
+            continue
+        d = (_ci(r["d_final"]), _ci(r["d_auc"])) if "d_final" in r else ("-", "-")
+        out.append(
+            f"| {r['variant']} | {paper} | {_ci(r['final'], False)} | {_ci(r['gain'])} | {d[0]} | "
+            f"{_ci(r['auc'], False)} | {d[1]} | {r['reward_rise'][0]:+.3f} / "
+            f"{r['judge_rise'][0]:+.3f} | {r['step_seconds']:.1f} |"
+        )
+    out += ["", "| the paper's ordering | final, paired | verdict | AUC, paired | verdict |", "|---|---|---|---|---|"]
+    for o in t["orderings"]:
+        out.append(
+            f"| {o['lower']} < {o['higher']} ({o['paper']}) | {_ci(o['d_final'])} | "
+            f"{verdict(o['d_final'])} | {_ci(o['d_auc'])} | {verdict(o['d_auc'])} |"
+        )
+    out += ["", "| row | " + " | ".join(TAGS) + " |", "|---" * (len(TAGS) + 1) + "|"]
+    for r in t["tags"]:
+        out.append(f"| {r['variant']} | " + " | ".join(f"{r[x][0]:.3f} ± {r[x][1]:.3f}" for x in TAGS) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default="0-7")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_paper_table.json"))
+    ap.add_argument("--markdown", default="")
+    a = ap.parse_args()
+    names = lab.variants_of(a.variants, list(VARIANTS), FULL)
+    seeds = lab.seeds_of(a.seeds)
+    jobs = [
+        lab.Job(n, tuple(VARIANTS[n]), s, a.steps, config=CONFIG, extra=tuple(COMMON))
+        for s in seeds
+        for n in names
+    ]
+    t0 = time.perf_counter()
+
+    def done(r: dict, i: int, total: int) -> None:
+        f = figures(r)
+        print(
+            f"{r['variant']:36s} seed {r['seed']:3d}: final {f['final']:.3f} (base "
+            f"{f['base']:.3f}), AUC {f['auc']:.3f}, reward rise {f['reward_rise']:+.3f}, judge "
+            f"rise {f['judge_rise']:+.3f} ({r['wall_seconds']:.0f} s) [{i}/{total}, "
+            f"{time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
+
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    t = table(runs, names, seeds)
+    md = markdown(t, seeds, a.steps)
+    print(md)
+    Path(a.out).write_text(json.dumps({"steps": a.steps, "seeds": seeds, **t}, indent=1) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(md)
+
+
+if __name__ == "__main__":
+    main()
