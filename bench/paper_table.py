@@ -132,7 +132,9 @@ def table(runs: list[dict], names: list[str], seeds: list[int]) -> dict:
             row[f"final/{t}"] = lab.interval([x[f"final/{t}"] for x in f])
         if n != FULL:
             for key in ("final", "auc"):
-                row[f"d_{key}"] = lab.interval(lab.paired(sub, n, FULL, lambda r, k=key: figures(r)[k]))
+                row[f"d_{key}"] = lab.interval(
+                    lab.paired(sub, n, FULL, lambda r, k=key: figures(r)[k])
+                )
         row["step_seconds"] = statistics.fmean(r["step_seconds"] for r in rs)
         row["update_seconds"] = statistics.fmean(r["update_seconds"] for r in rs)
         rows.append(row)
@@ -140,12 +142,30 @@ def table(runs: list[dict], names: list[str], seeds: list[int]) -> dict:
     for lo, hi, says in ORDERINGS:
         if lo not in names or hi not in names:
             continue
-        d = {k: lab.interval(lab.paired(sub, lo, hi, lambda r, k=k: figures(r)[k])) for k in ("final", "auc")}
-        orders.append({"lower": lo, "higher": hi, "paper": says, **{f"d_{k}": v for k, v in d.items()}})
-    tag_rows = [{"variant": "base", **{t: lab.interval([figures(r)[f"base/{t}"] for r in lab.of(sub, FULL)]) for t in TAGS}}]
+        d = {
+            k: lab.interval(lab.paired(sub, lo, hi, lambda r, k=k: figures(r)[k]))
+            for k in ("final", "auc")
+        }
+        orders.append(
+            {"lower": lo, "higher": hi, "paper": says, **{f"d_{k}": v for k, v in d.items()}}
+        )
+    tag_rows = [
+        {
+            "variant": "base",
+            **{t: lab.interval([figures(r)[f"base/{t}"] for r in lab.of(sub, FULL)]) for t in TAGS},
+        }
+    ]
     for n in names:
         if lab.of(sub, n):
-            tag_rows.append({"variant": n, **{t: lab.interval([figures(r)[f"final/{t}"] for r in lab.of(sub, n)]) for t in TAGS}})
+            tag_rows.append(
+                {
+                    "variant": n,
+                    **{
+                        t: lab.interval([figures(r)[f"final/{t}"] for r in lab.of(sub, n)])
+                        for t in TAGS
+                    },
+                }
+            )
     return {"rows": rows, "orderings": orders, "tags": tag_rows}
 
 
@@ -169,7 +189,11 @@ def markdown(t: dict, seeds: list[int], steps: int) -> str:
             f"{_ci(r['auc'], False)} | {d[1]} | {r['reward_rise'][0]:+.3f} / "
             f"{r['judge_rise'][0]:+.3f} | {r['step_seconds']:.1f} |"
         )
-    out += ["", "| the paper's ordering | final, paired | verdict | AUC, paired | verdict |", "|---|---|---|---|---|"]
+    out += [
+        "",
+        "| the paper's ordering | final, paired | verdict | AUC, paired | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for o in t["orderings"]:
         out.append(
             f"| {o['lower']} < {o['higher']} ({o['paper']}) | {_ci(o['d_final'])} | "
@@ -177,7 +201,11 @@ def markdown(t: dict, seeds: list[int], steps: int) -> str:
         )
     out += ["", "| row | " + " | ".join(TAGS) + " |", "|---" * (len(TAGS) + 1) + "|"]
     for r in t["tags"]:
-        out.append(f"| {r['variant']} | " + " | ".join(f"{r[x][0]:.3f} ± {r[x][1]:.3f}" for x in TAGS) + " |")
+        out.append(
+            f"| {r['variant']} | "
+            + " | ".join(f"{r[x][0]:.3f} ± {r[x][1]:.3f}" for x in TAGS)
+            + " |"
+        )
     return "\n".join(out) + "\n"
 
 
