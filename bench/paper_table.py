@@ -8,7 +8,8 @@ Every row is ``configs/shapes.yaml`` (the paper's recipe scaled down: p_theta1, 
 filter, every unmasking step trained) with the row's change, trained ``--steps`` steps on the
 single-process backend, one run per seed (``bench/toy_lab.py``: cached per resolved config and
 seed, two at a time). Its figures: the held-out GenEval-proxy score after training (the judge's
-accuracy on the held-out prompts, GenEval's six tags weighted equally), the gain over the base
+accuracy on the held-out prompts, GenEval's overall: the mean of the six tags' accuracies,
+``eval_accuracy/tag_mean``), the gain over the base
 model, the area under the held-out learning curve (AUC), each tag's final score, and the
 training reward beside the judge's accuracy over the last 10 steps (reward hacking shows as the
 first rising without the second). Every row is paired by seed against "Mask-GRPO": the mean
@@ -85,10 +86,10 @@ def figures(r: dict) -> dict[str, float]:
     t0 = [x for x in r["train_reward"][:10] if x is not None]
     a0 = [x for x in r.get("train_accuracy", [])[:10] if x is not None]
     out = {
-        "final": r["final"]["eval_accuracy"],
-        "base": r["base"]["eval_accuracy"],
-        "gain": r["final"]["eval_accuracy"] - r["base"]["eval_accuracy"],
-        "auc": lab.auc(r["curve"]),
+        "final": lab.score(r),
+        "base": lab.score(r, "base"),
+        "gain": lab.score(r) - lab.score(r, "base"),
+        "auc": lab.auc(r["curve"], lab.score_key(r)),
         "reward_rise": (statistics.fmean(tr) - statistics.fmean(t0)) if tr and t0 else math.nan,
         "judge_rise": (statistics.fmean(ta) - statistics.fmean(a0)) if ta and a0 else math.nan,
         "pairwise": r["final"].get("eval_diversity/pairwise", math.nan),

@@ -236,6 +236,20 @@ def fmt_ci(xs: Sequence[float], digits: int = 3, signed: bool = False) -> str:
     return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
 
 
+def score_key(record: dict[str, Any]) -> str:
+    """The held-out score of a run's record: GenEval's overall (the mean of the tags' accuracies,
+    ``eval_accuracy/tag_mean``) where the evaluation prompts carry tags of unequal counts, else
+    the accuracy over all images (``eval_accuracy``)."""
+    return (
+        "eval_accuracy/tag_mean" if "eval_accuracy/tag_mean" in record["final"] else "eval_accuracy"
+    )
+
+
+def score(record: dict[str, Any], when: str = "final") -> float:
+    """The record's held-out score (:func:`score_key`) of the base or the final model."""
+    return float(record[when][score_key(record)])
+
+
 def auc(curve: Sequence[dict[str, Any]], key: str = "eval_accuracy") -> float:
     """The area under a held-out learning curve over the run's steps, divided by the steps:
     the curve's mean height (trapezoids between the evaluations, base and final included)."""

@@ -68,9 +68,15 @@ class ShapesModelConfig(Strict):
     )
     reward_dim: int = Field(128, ge=8, description="the reward model's embedding size")
     reward_width: int = Field(64, ge=8, description="the reward model's tower width")
-    reward_steps: int = Field(1500, ge=0, description="the reward model's training updates")
+    reward_steps: int = Field(3000, ge=0, description="the reward model's training updates")
     reward_batch: int = Field(96, ge=8, description="distinct prompts per reward-model update")
     reward_lr: float = Field(2e-3, gt=0, description="the reward model's peak learning rate")
+    reward_clutter: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="share of the reward model's training pairs given stray pieces on both sides",
+    )
     seed: int = Field(0, description="seed of the world's pre-training (tokenizer, base, reward)")
 
     @model_validator(mode="after")

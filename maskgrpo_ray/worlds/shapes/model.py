@@ -104,6 +104,7 @@ def _reward_defaults(model: ModelConfig, reward_kind: str) -> dict[str, Any]:
             "steps": r.steps,
             "batch": r.batch,
             "lr": r.lr,
+            "clutter": r.clutter,
         }
     return {}
 

@@ -12,7 +12,9 @@ prompts (zero-shot with respect to the policy: it never sees a generated image):
 * the loss is CLIP's symmetric InfoNCE with a learned temperature over a batch of distinct
   prompts, with hard negatives on both sides as compositional CLIP training does: each prompt
   also meets a near-miss render (one thing wrong that its tag tests, or one of its objects
-  malformed), and each render a near-miss prompt of the same tag.
+  malformed), and each render a near-miss prompt of the same tag; a share of the pairs
+  (``clutter``) get stray pieces on both sides, so that what decides is the objects, not the
+  leftovers around them.
 
 The reward (:class:`~maskgrpo_ray.worlds.shapes.rewards.ShapesClipReward`) is its score of an
 image against its prompt, ``exp(logit_scale) * cos`` like the project's CLIP reward. How far the
@@ -45,9 +47,10 @@ class RewardModelSpec:
     world: WorldSpec = WorldSpec()
     dim: int = 128
     width: int = 64
-    steps: int = 1500
+    steps: int = 3000
     batch: int = 96
     lr: float = 2e-3
+    clutter: float = 0.5  # share of training pairs with stray pieces added (add_clutter)
     seed: int = 0
 
     def cache_key(self) -> str:
@@ -137,6 +140,33 @@ def malform(
             out[r : r + patch_px, c : c + patch_px] = src[r : r + patch_px, c : c + patch_px]
         if (out != indices).sum() >= 4:
             return out
+
+
+def add_clutter(indices: np.ndarray, patch_px: int, rng: np.random.Generator) -> np.ndarray:
+    """The render's palette indices ``[H, W]`` with 1-3 stray pieces: background tokens that
+    get one token's patch of some shape of some colour (the leftovers a sampler leaves; a stray
+    piece is no object, so a correct image stays correct)."""
+    out = indices.copy()
+    grid = indices.shape[0] // patch_px
+    empty = [
+        (r, c)
+        for r in range(grid)
+        for c in range(grid)
+        if not out[r * patch_px : (r + 1) * patch_px, c * patch_px : (c + 1) * patch_px].any()
+    ]
+    for k in rng.permutation(len(empty))[: int(rng.integers(1, 4))]:
+        r, c = empty[int(k)]
+        size = int(rng.choice(scenes.SIZES))
+        top, left = max(0, r - int(rng.integers(size))), max(0, c - int(rng.integers(size)))
+        top, left = min(top, grid - size), min(left, grid - size)
+        piece = scenes.Obj(
+            str(rng.choice(scenes.CLASSES)), str(rng.choice(scenes.COLOUR_NAMES)), top, left, size
+        )
+        src = scenes.render_indices([piece], grid, patch_px)
+        out[r * patch_px : (r + 1) * patch_px, c * patch_px : (c + 1) * patch_px] = src[
+            r * patch_px : (r + 1) * patch_px, c * patch_px : (c + 1) * patch_px
+        ]
+    return out
 
 
 def _near_miss_prompt(

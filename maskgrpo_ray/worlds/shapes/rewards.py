@@ -59,16 +59,26 @@ def build_shapes_clip(
     seed: int = 0,
     dim: int = 128,
     width: int = 64,
-    steps: int = 1500,
+    steps: int = 3000,
     batch: int = 96,
     lr: float = 2e-3,
+    clutter: float = 0.5,
     score: str = "logits",
     name: str = "shapes_clip",
 ) -> ShapesClipReward:
     """Factory: the world's settings (``model.shapes``'s, which the model kind passes as
     defaults) and ``score`` (``logits`` or ``cosine``)."""
     world = WorldSpec(grid, patch_px, max_codes, codebook_renders, seed)
-    spec = RewardModelSpec(world, dim, width, steps, batch, lr, seed)
+    spec = RewardModelSpec(
+        world=world,
+        dim=dim,
+        width=width,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        clutter=clutter,
+        seed=seed,
+    )
     return ShapesClipReward(spec, score, name)
 
 
