@@ -245,9 +245,11 @@ class RunLog:
         group_size: int,
         prompts: list[str] | None = None,
         name: str | None = None,
+        key: str = "samples",
     ) -> Path:
         """``uint8 [N, H, W, 3]`` -> one PNG, a row per prompt group labelled with its prompt:
-        ``samples/step_<step>.png``, or ``samples/<name>.png``."""
+        ``samples/step_<step>.png``, or ``samples/<name>.png``; to the trackers under ``key``
+        at ``step``."""
         n, hh, ww, _ = images.shape
         cols = group_size
         rows = math.ceil(n / cols)
@@ -268,7 +270,7 @@ class RunLog:
                 d.text((4, r * row_h + row_h // 2 - 6), text[:40], fill="black")
         out = self.run_dir / "samples" / f"{name or f'step_{step:06d}'}.png"
         img.save(out)
-        self.trackers.log_image(step, "samples", out)
+        self.trackers.log_image(step, key, out)
         return out
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -109,6 +109,8 @@ def test_tensorboard_events_hold_the_steps_images_and_config(resumed):
             assert e.value == pytest.approx(expected[e.step][key], rel=1e-6, abs=1e-6), key
     assert [e.step for e in acc.Images("samples")] == _grid_steps(resumed)
     assert acc.Images("samples")[0].width > 50
+    # the per-tag grids, base and tuned, under their own tag: the base at 0, the tuned at the end
+    assert [e.step for e in acc.Images("eval_tags")] == [0, 3]
     text = b"".join(acc.Tensors("config/text_summary")[-1].tensor_proto.string_val).decode()
     assert "train.steps = 4" in text and "model.kind = toy" in text
     assert "hparams" in acc.PluginTagToContent("hparams") or acc.summary_metadata

@@ -156,20 +156,24 @@ def _evaluate(cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet) -> d
     return out
 
 
-def _tag_grid(loop: _Loop, name: str) -> None:
+def _tag_grid(loop: _Loop, name: str) -> Path | None:
     """``samples/eval_tags_<name>.png``: the first held-out prompt of each GenEval tag under the
     evaluation sampler, with the same seed for the base and the tuned model (when the run saves
-    sample grids and its evaluation prompts carry tags)."""
+    sample grids and its evaluation prompts carry tags); to the trackers under ``eval_tags``, at
+    step 0 (base: logged once the trackers open) or the last step (final), apart from the
+    training samples."""
     ev = loop.eval_prompts
     if not loop.cfg.logging.sample_grid_every_steps or not isinstance(ev, EvalSet):
-        return
+        return None
     first = {t: p for p, t in reversed(list(zip(ev.prompts, ev.tags))) if t is not None}
     prompts = [first[t] for t in sorted(first, key=lambda t: ev.tags.index(t))]
     if prompts:
         images = loop.ex.eval_images(prompts)
-        loop.runlog.save_sample_grid(
-            images, 0, len(images) // len(prompts), prompts, name=f"eval_tags_{name}"
+        step = 0 if name == "base" else loop.cfg.train.steps - 1
+        return loop.runlog.save_sample_grid(
+            images, step, len(images) // len(prompts), prompts, f"eval_tags_{name}", "eval_tags"
         )
+    return None
 
 
 def steps_ahead(cfg: Config, step: int, stop: Preemption) -> int:
@@ -203,6 +207,7 @@ class _Loop:
     # where a learner lost with no checkpoint to roll back to goes on from (RunCursor.source)
     redo: RunCursor = field(default_factory=lambda: RunCursor(0, None))
     probe: StepSignalProbe | None = None  # train.step_signal_every_steps
+    base_grid: Path | None = None  # samples/eval_tags_base.png, drawn before the trackers open
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
@@ -257,7 +262,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     loop.base = _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
     log.info("base model: %s", loop.base)
-    _tag_grid(loop, "base")
+    loop.base_grid = _tag_grid(loop, "base")
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
         ckpts.save(0, loop.base, loop.totals)
         loop.cadence.saved()
@@ -356,6 +361,8 @@ def train(
     lc = cfg.logging
     config = cfg.model_dump(mode="json")
     with runlog.tracking(lc.trackers, lc.tracker_args, config, start_step, cfg.run.name):
+        if loop.base_grid is not None:
+            runlog.trackers.log_image(0, "eval_tags", loop.base_grid)
         return _run(loop, ckpts, run_dir, start_step, t_start, on_step_end)
 
 
