@@ -97,7 +97,17 @@ def figures(r: dict) -> dict[str, float]:
     for t in TAGS:
         out[f"final/{t}"] = r["final"].get(f"eval_accuracy/{t}", math.nan)
         out[f"base/{t}"] = r["base"].get(f"eval_accuracy/{t}", math.nan)
+    for when in ("base", "final"):  # diversity in the judge's layout space (issue 40's start)
+        for t in ("", *(f"/{x}" for x in TAGS)):
+            out[f"div/{when}{t}"] = r[when].get(f"eval_diversity/pairwise{t}", math.nan)
+            out[f"lay/{when}{t}"] = r[when].get(f"eval_diversity/layouts{t}", math.nan)
     return out
+
+
+def _finite(xs: list[float]) -> tuple[float, float]:
+    """:func:`toy_lab.interval` of the values a record has (NaN: a figure it lacks)."""
+    xs = [x for x in xs if math.isfinite(x)]
+    return lab.interval(xs) if xs else (math.nan, math.nan)
 
 
 def _ci(v: tuple[float, float], signed: bool = True) -> str:
@@ -106,9 +116,11 @@ def _ci(v: tuple[float, float], signed: bool = True) -> str:
     return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
 
 
-def verdict(diff: tuple[float, float]) -> str:
+def verdict(diff: tuple[float, float], seeds: int) -> str:
     """The ordering "lower < higher" on a paired interval of ``lower - higher``."""
     m, h = diff
+    if seeds < 2:
+        return "one seed: no interval"
     if m + h < 0:
         return "holds"
     if m - h > 0:
@@ -167,7 +179,18 @@ def table(runs: list[dict], names: list[str], seeds: list[int]) -> dict:
                     },
                 }
             )
-    return {"rows": rows, "orderings": orders, "tags": tag_rows}
+    div_rows = []
+    for n in ["base", *names]:
+        rs, when = lab.of(sub, FULL if n == "base" else n), "base" if n == "base" else "final"
+        if rs:
+            div_rows.append(
+                {
+                    "variant": n,
+                    **{k: _finite([figures(r)[f"{k}/{when}"] for r in rs]) for k in ("div", "lay")},
+                    **{t: _finite([figures(r)[f"div/{when}/{t}"] for r in rs]) for t in TAGS},
+                }
+            )
+    return {"rows": rows, "orderings": orders, "tags": tag_rows, "diversity": div_rows}
 
 
 def markdown(t: dict, seeds: list[int], steps: int) -> str:
@@ -198,13 +221,28 @@ def markdown(t: dict, seeds: list[int], steps: int) -> str:
     for o in t["orderings"]:
         out.append(
             f"| {o['lower']} < {o['higher']} ({o['paper']}) | {_ci(o['d_final'])} | "
-            f"{verdict(o['d_final'])} | {_ci(o['d_auc'])} | {verdict(o['d_auc'])} |"
+            f"{verdict(o['d_final'], len(seeds))} | {_ci(o['d_auc'])} | "
+            f"{verdict(o['d_auc'], len(seeds))} |"
         )
     out += ["", "| row | " + " | ".join(TAGS) + " |", "|---" * (len(TAGS) + 1) + "|"]
     for r in t["tags"]:
         out.append(
             f"| {r['variant']} | "
             + " | ".join(f"{r[x][0]:.3f} ± {r[x][1]:.3f}" for x in TAGS)
+            + " |"
+        )
+    out += [
+        "",
+        "Diversity of the held-out samples (per prompt: mean pairwise 1 - cos in the judge's "
+        "layout embedding, not the reward's; distinct detected layouts):\n",
+        "| row | pairwise | distinct layouts | " + " | ".join(TAGS) + " |",
+        "|---" * (len(TAGS) + 3) + "|",
+    ]
+    for r in t.get("diversity", []):
+        out.append(
+            f"| {r['variant']} | {r['div'][0]:.3f} ± {r['div'][1]:.3f} | "
+            f"{r['lay'][0]:.3f} ± {r['lay'][1]:.3f} | "
+            + " | ".join(f"{r[x][0]:.3f}" for x in TAGS)
             + " |"
         )
     return "\n".join(out) + "\n"

@@ -18,6 +18,10 @@ with the judge, and the base model per tag with its diversity.
   diversity per prompt: the mean pairwise ``1 - cos`` in the judge's layout embedding (the
   dominant colour of every token: not the reward's embedding), the same in the reward model's
   embedding, and the share of distinct detected layouts.
+
+``--picture RUN --picture-out PNG`` instead puts a run's per-tag grids side by side (the base
+model's ``samples/eval_tags_base.png`` and the tuned one's ``eval_tags_final.png``, the same
+seed): the README's picture.
 """
 
 from __future__ import annotations
@@ -139,6 +143,23 @@ def model_figures(policy, reward, prompts, images: torch.Tensor, k: int, patch_p
     }
 
 
+def picture(run: Path, out: Path) -> None:
+    """``RUN/samples/eval_tags_base.png`` | ``eval_tags_final.png`` -> one PNG, titled."""
+    from PIL import Image, ImageDraw
+
+    base, final = (Image.open(run / "samples" / f"eval_tags_{n}.png") for n in ("base", "final"))
+    label = 260  # save_sample_grid's prompt column: kept on the left panel only
+    right = final.crop((label, 0, final.width, final.height))
+    img = Image.new("RGB", (base.width + 16 + right.width, base.height + 22), "white")
+    img.paste(base, (0, 22))
+    img.paste(right, (base.width + 16, 22))
+    d = ImageDraw.Draw(img)
+    d.text((label + 4, 4), "base model", fill="black")
+    d.text((base.width + 20, 4), "after Mask-GRPO (configs/shapes.yaml)", fill="black")
+    img.save(out)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "shapes.yaml"))
@@ -146,7 +167,12 @@ def main() -> None:
     ap.add_argument("--renders", type=int, default=2000)
     ap.add_argument("--weights", default=None, help="a tuned policy instead of the base")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_shapes_world.json"))
+    ap.add_argument("--picture", default=None, help="a run folder: its per-tag grids side by side")
+    ap.add_argument("--picture-out", default=str(ROOT / "docs" / "img" / "shapes_tags.png"))
     a = ap.parse_args()
+    if a.picture:
+        picture(Path(a.picture), Path(a.picture_out))
+        return
     from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.worlds.shapes.model import policy_spec, reward_spec
