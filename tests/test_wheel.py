@@ -228,7 +228,8 @@ def test_the_local_backend_runs_from_outside_the_repository_and_no_extra_leaks(f
         work,
         "train --config toy --backend local",
     )
-    assert out.splitlines()[-1] == "run directory: local", out[-500:]
+    # the folder is named absolute (resolved against the working directory of the command)
+    assert out.splitlines()[-1] == f"run directory: {(work / 'local').resolve()}", out[-500:]
     summary = json.loads((work / "local" / "summary.json").read_text())
     assert summary["completed"] is True and summary["backend"] == "local"
     assert (work / "local" / "reward_curve.png").is_file()  # matplotlib, at the very end

@@ -362,8 +362,54 @@ def is_loopback_host(host: str) -> bool:
 
 
 def disconnect(handle: ClusterHandle) -> None:
-    """Shut down what ``connect`` started (a joined cluster keeps running)."""
+    """Shut down what ``connect`` started (a joined cluster keeps running). A process of the
+    local cluster that outlives ``ray.shutdown`` is killed: the raylet's runtime-env agent
+    inherited the blocked SIGTERM, so the signal its fate sharing sends when the raylet dies
+    never reaches it (it outlived a group SIGTERM by more than 20 s)."""
     import ray
 
     if ray.is_initialized() and handle.started_local:
+        started = _ray_descendants()
         ray.shutdown()
+        _reap(started)
+
+
+def _ray_descendants() -> list[int]:
+    """This process's descendants that are Ray's (their command line names ``ray``), from
+    ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            with contextlib.suppress(OSError):
+                cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+                if b"ray" in cmd.lower():
+                    out.append(pid)
+    return out
+
+
+def _reap(pids: list[int], wait_s: float = 2.0) -> None:
+    """SIGKILL those of ``pids`` still running ``wait_s`` after the cluster's shutdown."""
+    import time
+
+    def running(pid: int) -> bool:
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    deadline = time.monotonic() + wait_s
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if running(p)]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        log.debug("killed %d process(es) of the local cluster left after its shutdown", len(left))
