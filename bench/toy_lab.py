@@ -89,8 +89,13 @@ class Job:
 
     def key(self) -> str:
         """The cache key: the resolved config (so a default moved from the YAML into an
-        override, or the reverse, keeps its runs) and :data:`LAB_VERSION`."""
-        blob = json.dumps([LAB_VERSION, self.resolved()], sort_keys=True, separators=(",", ":"))
+        override, or the reverse, keeps its runs; its ``evidence`` section, which cites a
+        result and cannot change one, at its default) and :data:`LAB_VERSION`."""
+        from maskgrpo_ray.config import EvidenceConfig
+
+        resolved = self.resolved()  # the evidence a config cites cannot change what a run learns
+        resolved["evidence"] = EvidenceConfig().model_dump(mode="json")
+        blob = json.dumps([LAB_VERSION, resolved], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
