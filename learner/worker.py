@@ -242,8 +242,16 @@ class LearnerWorker(ActorProcess):
             timeout=timedelta(seconds=300),
             master_listen_fd=None if listen is None else listen.fileno(),
         )
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size)
+        cuda = self.device.type == "cuda"
+        # on CUDA the rank's device is named: without it NCCL guesses it from the global rank
+        # ("can cause a hang if rank to GPU mapping is heterogeneous", seen on an H100)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            device_id=self.device if cuda else None,
+        )
 
     def setup(
         self, master_addr: str, master_port: int, initial: dict[str, torch.Tensor] | None = None

@@ -14,7 +14,8 @@ Vocabulary: ``r`` and ``l`` are the GPU-seconds one image costs in rollout and i
 * **Profiles** (:class:`CostProfile`): seconds per image per unmasking step (rollout), per
   (sample, unit) pair forward+backward (learner), per image (reward), the synced weight bytes
   and the sync bandwidth. The built-in ones (:data:`PROFILES`) are Show-o at 256 and 512 px on
-  an H100 at stated MFUs (``docs/simulation.md`` gives every number and its source); a user
+  an H100 at the MFUs measured there (:data:`H100_MEASURED`; ``docs/simulation.md`` gives every
+  number and its source); a user
   writes their own in ``model.args.profile`` (a mapping of the same fields).
 * **Pipeline** (:func:`step_costs`, :func:`pipeline_ideal`, :func:`plan_split`): a step's
   ``R = ceil(B / rollout GPUs) G (S + K) c_rollout`` (a prompt's group is one rollout actor's
@@ -135,6 +136,32 @@ class CostProfile:
         return asdict(self)
 
 
+# Measured on one H100 80GB HBM3 (bench/bench_gpu.py, 2026-11-27, torch 2.11.0+cu130, bf16,
+# the full-size architecture with random weights; docs/gpu.md): per image side, (rollout
+# seconds per image-step, learner seconds per (sample, step) pair) for each cached likelihood.
+# Rollout: Show-o's sampler at N = 24 images a call at 512 px (N = 6: 3% slower), N = 48 at
+# 256 px. Learner: ``apply_update`` at micro-batch 8 (512 px, the shipped config's) and 16
+# (256 px, the largest measured; the config's 24 was not). "marginal" is what the shipped
+# configs train with (p1 with the Gumbel noise integrated out); "eq14" is Eq. 14 as printed,
+# which also costs what a forward-estimator pair does (one masked forward + backward at L).
+H100_MEASURED: dict[tuple[int, str], tuple[float, float]] = {
+    (512, "marginal"): (20.27 / (24 * 50), 3.017 / 48),
+    (512, "eq14"): (12.47 / (24 * 50), 1.643 / 48),
+    (256, "marginal"): (4.223 / (48 * 18), 1.026 / 48),
+    (256, "eq14"): (2.359 / (48 * 18), 0.5197 / 48),
+}
+H100_PEAK = 989e12  # the dense bf16 rate the measured seconds are read against
+
+
+def measured_mfu(image_px: int, likelihood: str) -> tuple[float, float]:
+    """(rollout, learner) MFU that the H100 measurement gives Show-o at the nearest measured
+    side, counted as the profiles count (image pass incl. attention; 3 passes per pair)."""
+    px = min((p for p, _ in H100_MEASURED), key=lambda p: abs(p - image_px))
+    rollout_s, pair_s = H100_MEASURED[(px, likelihood)]
+    image_pass = SHOWO_FLOPS.image_pass((px // 16) ** 2)
+    return image_pass / (rollout_s * H100_PEAK), 3.0 * image_pass / (pair_s * H100_PEAK)
+
+
 def showo_profile(
     name: str,
     image_px: int,
@@ -142,15 +169,26 @@ def showo_profile(
     estimator: str = "trajectory",
     unmasking_steps: int,
     updates_per_batch: int = 1,
-    rollout_mfu: float = 0.40,
-    learner_mfu: float = 0.35,
+    rollout_mfu: float | None = None,
+    learner_mfu: float | None = None,
     device: str = "H100 SXM",
 ) -> CostProfile:
-    """Show-o at ``image_px`` on ``device`` from :data:`SHOWO_FLOPS` at the stated MFUs."""
+    """Show-o at ``image_px`` on ``device`` from :data:`SHOWO_FLOPS` at the stated MFUs; by
+    default the MFUs measured on an H100 (:data:`H100_MEASURED`, :func:`measured_mfu`: the
+    shipped configs' marginal likelihood in the rollout, and in the learner the marginal for
+    the trajectory estimator, Eq. 14's cost for a forward-estimator pair), so an H100 profile
+    gives the measured seconds and another device the same efficiency at its own peak."""
     tokens = (image_px // 16) ** 2
     peak = peak_bf16(device)
     if peak is None:
         raise ValueError(f"no dense bf16 peak known for {device!r} (cost_model.PEAK_BF16)")
+    pair_likelihood = "marginal" if estimator == "trajectory" else "eq14"
+    measured = rollout_mfu is None and learner_mfu is None
+    if rollout_mfu is None:
+        rollout_mfu = measured_mfu(image_px, "marginal")[0]
+    if learner_mfu is None:
+        learner_mfu = measured_mfu(image_px, pair_likelihood)[1]
+    how = "measured on an H100, bench/bench_gpu.py 2026-11-27" if measured else "stated"
     image_pass = SHOWO_FLOPS.image_pass(tokens)
     # reward: CLIP ViT-H-14 at 224 px, ~632M image-tower params x 257 tokens x 2, at 30 % MFU
     clip = 2.0 * 632e6 * 257
@@ -160,8 +198,9 @@ def showo_profile(
         source=(
             "FLOP model (maskgrpo_ray.cost_model.SHOWO_FLOPS; python -m pydoc "
             f"maskgrpo_ray.cost_model): {image_pass:.3g} FLOP per "
-            f"image pass at L={tokens} incl. attention; rollout {rollout_mfu:.0%} MFU (CFG 0, "
-            f"one pass per image-step), learner {learner_mfu:.0%} MFU (3 passes per pair), "
+            f"image pass at L={tokens} incl. attention; MFUs {how}: rollout "
+            f"{rollout_mfu:.1%} (CFG 0, one pass per image-step, the marginal likelihood), "
+            f"learner {learner_mfu:.1%} (3 passes per pair, {pair_likelihood}), "
             f"{device} bf16 peak {peak / 1e12:.0f} TFLOP/s; reward CLIP ViT-H-14 at 30% MFU; "
             "weights: 1.448B params in bf16; sync 25 GB/s (NCCL broadcast, one node)"
         ),

@@ -203,13 +203,17 @@ def _forward_settings(cfg: Config) -> ForwardSettings | None:
 
 
 def resolve_weight_sync(cfg: Config) -> str:
-    """``learner.weight_sync`` with ``auto`` decided: the collective when the learner and the
-    rollout actors have GPUs (NCCL) and ZeRO-3 does not partition the weights."""
+    """``learner.weight_sync`` with ``auto`` decided: the collective when the learner ranks and
+    the rollout actors hold whole GPUs each (NCCL) and ZeRO-3 does not partition the weights.
+
+    Fractional GPU shares keep the object store: Ray packs them onto one GPU, and NCCL refuses
+    two ranks of a group on one device ("Duplicate GPU detected", measured on an H100 with a
+    rollout actor and a learner rank at 0.4 GPU each; docs/gpu.md)."""
     lc = cfg.learner
     if lc.weight_sync != "auto":
         return lc.weight_sync
-    gpus = lc.num_gpus_per_worker > 0 and cfg.rollout.num_gpus_per_actor > 0
-    return "collective" if gpus and lc.zero_stage < 3 else "object_store"
+    whole = lc.num_gpus_per_worker >= 1 and cfg.rollout.num_gpus_per_actor >= 1
+    return "collective" if whole and lc.zero_stage < 3 else "object_store"
 
 
 def _rollout_settings(cfg: Config) -> RolloutSettings:

@@ -157,6 +157,14 @@ def test_config_resolves_and_refuses_weight_sync_and_async():
     gpus = ["learner.num_gpus_per_worker=1", "rollout.num_gpus_per_actor=1"]
     assert sync_of(*gpus) == "collective"
     assert sync_of(*gpus, "learner.zero_stage=3") == "object_store"
+    # fractional shares share a GPU, where NCCL refuses two ranks (measured on an H100)
+    shared = ["learner.num_gpus_per_worker=0.4", "rollout.num_gpus_per_actor=0.4"]
+    assert sync_of(*shared) == "object_store"
+    assert sync_of(gpus[0], shared[1]) == "object_store"
+    with pytest.raises(ConfigError, match="Duplicate GPU detected"):
+        load_config("configs/toy.yaml", ["learner.weight_sync=collective", *shared])
+    with pytest.raises(ConfigError, match="rollout.num_gpus_per_actor=0.4"):
+        load_config("configs/toy.yaml", ["learner.weight_sync=collective", gpus[0], shared[1]])
     assert sync_of("learner.weight_sync=collective") == "collective"  # gloo on CPUs
     with pytest.raises(ConfigError, match="zero_stage=3"):
         load_config("configs/toy.yaml", ["learner.weight_sync=collective", "learner.zero_stage=3"])

@@ -120,6 +120,18 @@ class Config(Strict):
                 f"{ro.num_gpus_per_actor}: one group must be all GPU (NCCL) or all CPU (gloo); "
                 "give both GPUs or neither, or use weight_sync 'object_store'"
             )
+        shares = {"learner.num_gpus_per_worker": lc.num_gpus_per_worker}
+        shares["rollout.num_gpus_per_actor"] = ro.num_gpus_per_actor
+        for name, share in shares.items():
+            if 0 < share < 1:
+                raise ValueError(
+                    f"learner.weight_sync='collective' with {name}={share}: Ray packs "
+                    "fractional GPU shares onto one GPU, and NCCL refuses two members of a "
+                    "group on one device ('Duplicate GPU detected'); give whole GPUs (>= 1) to "
+                    "the learner ranks and the rollout actors, or use weight_sync "
+                    "'object_store' or 'auto' (which keeps the object store for fractional "
+                    "shares)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -354,8 +354,9 @@ class LearnerConfig(Strict):
         description=(
             "learner -> rollout weights: 'object_store' (one ray.put, fetched per node), "
             "'collective' (learner rank 0 broadcasts packed buckets in a torch.distributed "
-            "group with the rollout actors: NCCL on GPUs, gloo on CPUs), 'auto': collective "
-            "when the learner and the rollout actors have GPUs and zero_stage < 3"
+            "group with the rollout actors: NCCL on GPUs, gloo on CPUs; NCCL needs whole GPUs, "
+            "one per member), 'auto': collective when the learner ranks and the rollout actors "
+            "hold whole GPUs (>= 1 each) and zero_stage < 3, else the object store"
         ),
     )
     weight_sync_bucket_mb: float = Field(
