@@ -8,15 +8,21 @@
 #   3. a short Ray job per weight sync (tiny random Show-o, a rollout actor and a learner rank
 #      sharing the GPU with fractional num_gpus): `auto` (the collective) and `object_store`;
 #   4. the `gpu` tests;
-#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json).
+#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json);
+#   6. bench/bench_reward_gpu.py: the reward models at full size (CLIP ViT-H-14 and ViT-L-14,
+#      Mask2Former Swin-S), its JSON to $OUT/bench_reward_gpu.json.
 #
-#   bash bench/device_session.sh [BENCH_TIMEOUT_S (default 300)] [BUDGET_SCALE (default 0.55)]
+#   SECTIONS=env,nccl,ray,tests,bench,reward bash bench/device_session.sh \
+#       [BENCH_TIMEOUT_S (default 300)] [BUDGET_SCALE (default 0.55)]
+# SECTIONS (default: all of them) picks the steps; the install always runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/device_out}"
 mkdir -p "$OUT"
 bench_timeout="${1:-300}"
 budget_scale="${2:-0.55}"
+sections=",${SECTIONS:-env,nccl,ray,tests,bench,reward},"
+want() { [[ $sections == *",$1,"* ]]; }
 t0=$(date +%s)
 say() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
@@ -28,8 +34,8 @@ mkdir -p /tmp/site/ray/dashboard/client/build/static  # the slimmed Ray has no d
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
 export MASKGRPO_CACHE_DIR=/tmp/maskgrpo-cache
 
-say "1. the machine"
-{
+want env && say "1. the machine"
+want env && {
     nvidia-smi
     python3 - <<'EOF'
 import sys, torch
@@ -41,35 +47,51 @@ print("ray", ray.__version__, "deepspeed", deepspeed.__version__, "pydantic", py
       "open_clip", open_clip.__version__, "transformers", transformers.__version__)
 EOF
 } >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt" | tail -4
+want env && tail -4 "$OUT/env.txt"
 
-say "2. NCCL, two processes on one GPU"
-timeout 60 python3 bench/nccl_same_gpu.py >"$OUT/nccl_same_gpu.txt" 2>&1
-echo "rc $?" >>"$OUT/nccl_same_gpu.txt"
-tail -3 "$OUT/nccl_same_gpu.txt"
+if want nccl; then
+    say "2. NCCL, two processes on one GPU"
+    timeout 60 python3 bench/nccl_same_gpu.py >"$OUT/nccl_same_gpu.txt" 2>&1
+    echo "rc $?" >>"$OUT/nccl_same_gpu.txt"
+    tail -3 "$OUT/nccl_same_gpu.txt"
+fi
 
-say "3. Ray jobs on the GPU (tiny random Show-o, fractional GPU shares)"
+want ray && say "3. Ray jobs on the GPU (tiny random Show-o, fractional GPU shares)"
+# from outside the checkout: its maskgrpo_ray/ would shadow the installed package's actors
+repo=$PWD
 for sync in auto object_store; do
-    timeout 100 python3 -m maskgrpo_ray.cli train --config configs/showo_tiny_random.yaml \
+    want ray || break
+    (cd /tmp && timeout 100 python3 -m maskgrpo_ray.cli train \
+        --config "$repo/configs/showo_tiny_random.yaml" \
         --run-dir "/tmp/ray_$sync" \
         --set rollout.num_gpus_per_actor=0.4 --set learner.num_gpus_per_worker=0.4 \
         --set learner.weight_sync=$sync --set train.steps=3 \
-        --set logging.progress_bar=false >"$OUT/ray_job_$sync.log" 2>&1
+        --set logging.progress_bar=false) >"$OUT/ray_job_$sync.log" 2>&1
     echo "rc $?" >>"$OUT/ray_job_$sync.log"
     cp "/tmp/ray_$sync/metrics.jsonl" "$OUT/ray_job_${sync}_metrics.jsonl" 2>/dev/null
     tail -2 "$OUT/ray_job_$sync.log"
-    pkill -9 -f "raylet|gcs_server|ray::|default_worker" >/dev/null 2>&1
 done
 
-say "4. the gpu tests"
-timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=200 \
-    tests/test_gpu.py tests/test_bench_gpu.py tests/test_rewards_clip.py >"$OUT/gpu_tests.log" 2>&1
-echo "rc $?" >>"$OUT/gpu_tests.log"
-tail -3 "$OUT/gpu_tests.log"
-
-say "5. bench/bench_gpu.py (timeout ${bench_timeout} s, budget scale ${budget_scale})"
-timeout "$bench_timeout" python3 bench/bench_gpu.py --budget-scale "$budget_scale" \
-    --out "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
-echo "rc $?" >>"$OUT/bench_gpu.log"
-tail -30 "$OUT/bench_gpu.log"
+if want tests; then
+    say "4. the gpu tests"
+    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=200 \
+        tests/test_gpu.py tests/test_bench_gpu.py tests/test_rewards_clip.py \
+        >"$OUT/gpu_tests.log" 2>&1
+    echo "rc $?" >>"$OUT/gpu_tests.log"
+    tail -3 "$OUT/gpu_tests.log"
+fi
+if want bench; then
+    say "5. bench/bench_gpu.py (timeout ${bench_timeout} s, budget scale ${budget_scale})"
+    timeout "$bench_timeout" python3 bench/bench_gpu.py --budget-scale "$budget_scale" \
+        --out "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
+    echo "rc $?" >>"$OUT/bench_gpu.log"
+    tail -30 "$OUT/bench_gpu.log"
+fi
+if want reward; then
+    say "6. bench/bench_reward_gpu.py"
+    timeout 200 python3 bench/bench_reward_gpu.py --out "$OUT/bench_reward_gpu.json" \
+        >"$OUT/bench_reward_gpu.log" 2>&1
+    echo "rc $?" >>"$OUT/bench_reward_gpu.log"
+    tail -30 "$OUT/bench_reward_gpu.log"
+fi
 say "done"
