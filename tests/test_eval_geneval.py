@@ -187,3 +187,27 @@ def test_folder_layout_from_a_ten_line_metadata_file(tmp_path):
     (root / "00007" / "metadata.jsonl").write_text(json.dumps({"prompt": "x"}))
     problems = check_geneval_folder(root, prompts=10, samples_per_prompt=3)
     assert len(problems) == 2 and "00004" in problems[0] and "00007" in problems[1]
+
+
+def test_eval_checks_class_names_for_a_real_models_prompts_file(tmp_path):
+    # the official evaluator scores a real model's images with its 80-class detector: a prompts
+    # file naming "teddy" is refused before anything starts; the toy world's prompt set and a
+    # world model (its own rule) keep their own class names
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.data import load_prompt_records
+    from maskgrpo_ray.evaluation.runner import geneval_metadata
+
+    line = {
+        "tag": "single_object",
+        "include": [{"class": "teddy", "count": 1}],
+        "prompt": "a teddy",
+    }
+    path = tmp_path / "meta.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    real = load_config("configs/showo_tiny_random.yaml")
+    with pytest.raises(GenEvalMetadataError, match="include\\[0\\].class is 'teddy'"):
+        geneval_metadata(load_prompt_records(str(path), "eval"), real)
+    assert geneval_metadata(load_prompt_records(str(path), "eval"), load_config("configs/toy.yaml"))
+    assert geneval_metadata(load_prompt_records("toy", "eval"), real)
+    path.write_text(json.dumps({**line, "include": [{"class": "teddy bear", "count": 1}]}) + "\n")
+    assert geneval_metadata(load_prompt_records(str(path), "eval"), real)

@@ -172,11 +172,11 @@ def select_kept(
         if not boxes:
             continue
         bbox = _numbers(classname, raw if isinstance(raw, np.ndarray) else boxes)
-        ordering = np.argsort(bbox[:, 4])[::-1]
-        ordering = ordering[bbox[ordering, 4] > confidence_threshold]  # Threshold
-        ordering = ordering[:max_objects].tolist()  # Limit number of detected objects per class
+        order = np.argsort(bbox[:, 4])[::-1]
+        order = order[bbox[order, 4] > confidence_threshold]  # Threshold
+        ordering: list[int] = order[:max_objects].tolist()  # Limit number of objects per class
         kept: list[Kept] = []
-        while ordering:
+        while ordering:  # greedy NMS, most confident first
             max_obj = ordering.pop(0)
             kept.append((bbox[max_obj], boxes[max_obj]))
             ordering = [
