@@ -8,7 +8,7 @@ earlier include]``, ``relation`` one of :data:`RELATIONS`), optional ``exclude``
 ``count``: fewer than ``count`` of the class), ``prompt``.
 
 The rule that judges detections against a line is the official evaluator's, exact:
-:func:`maskgrpo_ray.evaluation.geneval_rule.decide` (re-exported by
+:func:`maskgrpo_ray.geneval_rule.decide` (re-exported by
 :mod:`maskgrpo_ray.evaluation.geneval`, with the folder layout the official evaluator reads).
 """
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from maskgrpo_ray.data import normalize_text
-from maskgrpo_ray.evaluation.geneval_rule import COLORS
+from maskgrpo_ray.geneval_rule import COLORS
 from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, RELATIONS
 from maskgrpo_ray.geneval_schema import TAGS as GENEVAL_TAGS
 

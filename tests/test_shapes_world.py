@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from maskgrpo_ray.evaluation.geneval_rule import relative_position
+from maskgrpo_ray.geneval_rule import relative_position
 from maskgrpo_ray.geneval_schema import TAGS, check_metadata
 from maskgrpo_ray.step.learner_loss import pair_log_probs, train_pairs
 from maskgrpo_ray.step.phases import generate
