@@ -40,6 +40,7 @@ from maskgrpo_ray.config import (
     TrainConfig,
 )
 from maskgrpo_ray.config.metrics import MetricSpec
+from maskgrpo_ray.config.run import MonitorsConfig
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),
@@ -61,6 +62,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
     ("logging", LoggingConfig),
+    ("logging.monitors", MonitorsConfig),
     ("evidence", EvidenceConfig),
 )
 """Every model of the tree, under the dotted path its fields are set with."""

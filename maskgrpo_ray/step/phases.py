@@ -26,6 +26,7 @@ from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.diversity import reward_diversity
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.monitors import image_statistics
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.settings import AdvantageSettings
 from maskgrpo_ray.step.learner_loss import unit_log_probs
@@ -190,7 +191,9 @@ def score_rewards(
     GenEval's ``tag``/``include``; None where a prompt has none).
 
     The per-sample diversity figures come along (:func:`maskgrpo_ray.diversity.reward_diversity`:
-    in the embedding the composite names, with its layouts, and ``train.diversity``'s own).
+    in the embedding the composite names, with its layouts, and ``train.diversity``'s own), and
+    so do the images' statistics (:func:`maskgrpo_ray.monitors.image_statistics`, ``image/*``),
+    computed here because the images are here (on Ray: the reward actor).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
     metas = [(prompt_meta or {}).get(p) for p in prompts]
@@ -213,6 +216,7 @@ def score_rewards(
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
     diversity = reward_diversity(reward, batch.images, batch.group_size)
+    diversity.update(image_statistics(batch.images))
     return RewardResult(total, parts, acc, failures, diversity)
 
 
