@@ -43,6 +43,7 @@ from maskgrpo_ray.config.policy import (
 from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config.training import (
     DiversityConfig,
+    EnsembleConfig,
     FilterConfig,
     LearnerConfig,
     RewardComponent,
@@ -66,6 +67,7 @@ __all__ = [
     "LoggingConfig",
     "LoraConfig",
     "ModelConfig",
+    "EnsembleConfig",
     "RewardComponent",
     "RewardConfig",
     "RolloutConfig",
@@ -186,6 +188,12 @@ class Config(Strict):
                 f"first unmasking steps of the trajectory estimator, so it needs "
                 f"likelihood.estimator trajectory (got {est!r}) and at most "
                 f"rollout.unmasking_steps={steps} steps; lower it or set it to 0"
+            )
+        if t.advantage == "gdpo" and self.reward.ensemble is not None:
+            raise ValueError(
+                "train.advantage='gdpo' with a reward.ensemble: GDPO normalises each weighted "
+                "component, and the ensemble's members have weight 0 (its term is no "
+                "component); use advantage 'grpo' with the ensemble, or drop the ensemble"
             )
         if t.advantage == "gdpo" and len(self.reward.components) < 2:
             raise ValueError(
