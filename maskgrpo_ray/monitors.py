@@ -64,24 +64,25 @@ def image_statistics(images: torch.Tensor) -> dict[str, torch.Tensor]:
     if images.dim() != 4 or images.shape[-1] != 3 or images.dtype != torch.uint8:
         raise ValueError(f"image_statistics needs uint8 [N, H, W, 3], got {tuple(images.shape)}")
     k = max(1, math.ceil(max(images.shape[1], images.shape[2]) / MAX_SIDE))
-    x = images[:, ::k, ::k].cpu().long()  # [N, h, w, 3]
+    u = images[:, ::k, ::k].cpu()  # [N, h, w, 3] uint8
+    x = u.to(torch.int16)  # differences fit
     n, h, w, _ = x.shape
-    q = x // 64  # [N, h, w, 3] in 0..3
-    bins = (q[..., 0] * 16 + q[..., 1] * 4 + q[..., 2]).reshape(n, -1)  # [N, h*w] in 0..63
+    q = u >> 6  # [N, h, w, 3] in 0..3 (value // 64)
+    bins = ((q[..., 0] << 4) | (q[..., 1] << 2) | q[..., 2]).reshape(n, -1).long()  # [N, h*w]
     counts = torch.zeros(n, 64).scatter_add_(1, bins, torch.ones(bins.shape))
     p = counts / max(h * w, 1)  # [N, 64]
     entropy = -(p * torch.log2(p.clamp(min=1e-30))).sum(-1)  # 0 log 0 = 0
-    xf = x.float()
-    luma = (0.299 * xf[..., 0] + 0.587 * xf[..., 1] + 0.114 * xf[..., 2]) / 255.0
-    chroma = (xf.amax(-1) - xf.amin(-1)) / 255.0  # [N, h, w]
+    xi = x.to(torch.int32)  # luma in integer thousandths: 299 R + 587 G + 114 B
+    luma = 299 * xi[..., 0] + 587 * xi[..., 1] + 114 * xi[..., 2]  # [N, h, w]
+    chroma = u.amax(-1) - u.amin(-1)  # [N, h, w], 0..255 (max >= min: no wrap)
     dh = (x[:, :, 1:] - x[:, :, :-1]).abs().amax(-1) > EDGE_STEP  # [N, h, w-1]
     dv = (x[:, 1:] - x[:, :-1]).abs().amax(-1) > EDGE_STEP  # [N, h-1, w]
     pairs = h * (w - 1) + (h - 1) * w
     edges = (dh.flatten(1).sum(-1) + dv.flatten(1).sum(-1)).float()
     return {
         ENTROPY: entropy.float(),
-        DARK: (luma < DARK_LUMA).flatten(1).float().mean(-1),
-        SATURATED: (chroma >= SATURATED_CHROMA).flatten(1).float().mean(-1),
+        DARK: (luma < DARK_LUMA * 255 * 1000).flatten(1).float().mean(-1),
+        SATURATED: (chroma >= SATURATED_CHROMA * 255).flatten(1).float().mean(-1),
         EDGES: edges / pairs if pairs else torch.full((n,), float("nan")),
     }
 
