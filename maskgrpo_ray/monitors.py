@@ -290,9 +290,12 @@ def monitors_figure(rows: Sequence[Mapping[str, Any]], rules: MonitorRules) -> A
     _drift_panel(axes[1], rows, rules)
     if agree:
         for key in agree:
-            axes[2].plot(*zip(*_series(rows, key), strict=True), label=key[len("agreement/") :])
+            pts = _series(rows, key)
+            if pts:
+                axes[2].plot(*zip(*pts, strict=True), label=key[len("agreement/") :])
         axes[2].set_ylabel("Spearman in groups")
-        axes[2].legend(fontsize=7, loc="best")
+        if axes[2].get_legend_handles_labels()[0]:
+            axes[2].legend(fontsize=7, loc="best")
     for name, info in monitor_summary(rows).get("alarms", {}).items():
         if info["first_step"] is not None:
             for a in axes:
