@@ -54,6 +54,7 @@ def build_reward_from_settings(
         device=device,
         diversity_embedding=reward.diversity_embedding,
         train_embedding=reward.train_embedding,
+        ensemble=reward.ensemble,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from PIL import Image, ImageDraw
 
+from maskgrpo_ray.monitors import MonitorRules, monitor_summary, monitors_figure
 from maskgrpo_ray.trackers import TrackerArgs, TrackerName, Trackers, open_trackers
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class RunLog:
         if self.path.exists():  # resuming: keep what earlier steps wrote
             self.rows = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
         self.trackers = Trackers()
+        self.monitor_rules: MonitorRules | None = None  # logging.monitors: draw monitors.png
 
     @contextmanager
     def tracking(
@@ -222,13 +224,16 @@ class RunLog:
 
     def plot_reward_curve(self, name: str = "reward_curve.png") -> Path:
         """The run's curves with labelled axes (:func:`reward_curve_figure`), as a PNG; with
-        step-signal probes in the rows, also ``step_signal.png`` (to the trackers too)."""
+        step-signal probes in the rows, also ``step_signal.png`` (to the trackers too); with
+        ``monitor_rules`` set and monitors in the rows, ``monitors.png`` (:meth:`plot_monitors`)."""
         import matplotlib.pyplot as plt
 
         fig = reward_curve_figure(self.rows)
         out = self.run_dir / name
         fig.savefig(out, dpi=100)
         plt.close(fig)
+        if self.monitor_rules is not None and monitor_summary(self.rows):
+            self.plot_monitors(self.monitor_rules)
         probes = probe_rows(self.rows)
         if probes:
             fig = step_signal_figure(probes)
@@ -236,6 +241,19 @@ class RunLog:
             fig.savefig(signal, dpi=100)
             plt.close(fig)
             self.trackers.log_image(probes[-1][0], "step_signal", signal)
+        return out
+
+    def plot_monitors(self, rules: MonitorRules, name: str = "monitors.png") -> Path:
+        """The run's monitors (:func:`maskgrpo_ray.monitors.monitors_figure`) as a PNG, to the
+        trackers too (docs/monitors.md)."""
+        import matplotlib.pyplot as plt
+
+        fig = monitors_figure(self.rows, rules)
+        out = self.run_dir / name
+        fig.savefig(out, dpi=100)
+        plt.close(fig)
+        steps = [int(r["step"]) for r in self.rows if isinstance(r.get("step"), int)]
+        self.trackers.log_image(max(steps, default=0), "monitors", out)
         return out
 
     def save_sample_grid(
@@ -275,10 +293,14 @@ class RunLog:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``, its numbers to the trackers; ``tracker_failures`` when any failed;
-        the last step-signal probe's figures (``step_signal``) when the run probed."""
+        the last step-signal probe's figures (``step_signal``) when the run probed; the
+        monitors' alarms (``monitors``: each one's first step) when the rows carry monitors."""
         signal = step_signal_summary(self.rows)
         if signal:
             summary["step_signal"] = signal
+        monitors = monitor_summary(self.rows)
+        if monitors:
+            summary["monitors"] = monitors
         self.trackers.log_summary(summary)
         if self.trackers.failures:
             summary["tracker_failures"] = dict(self.trackers.failures)

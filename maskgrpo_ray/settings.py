@@ -19,7 +19,7 @@ from maskgrpo_ray.config import Config, ModelConfig, RewardComponent, RewardConf
 from maskgrpo_ray.diversity import embedding_choice, train_figure
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.registry import load_plugins, reward_defaults
-from maskgrpo_ray.rewards.base import RewardSpec, reward_embeds
+from maskgrpo_ray.rewards.base import EnsembleSpec, RewardSpec, reward_embeds
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -130,6 +130,7 @@ class RewardSettings:
     diversity_embedding: str | None = None
     # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
     train_embedding: str | None = None
+    ensemble: EnsembleSpec | None = None  # reward.ensemble
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,11 @@ def _reward_settings(cfg: Config) -> RewardSettings:
         RewardSpec(c.kind, c.weight, {**reward_defaults(cfg.model, c.kind), **c.args})
         for c in cfg.reward.components
     )
-    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg))
+    e = cfg.reward.ensemble
+    ensemble = None
+    if e is not None:
+        ensemble = EnsembleSpec(tuple(e.members), e.rule, e.std_coef, e.weight)
+    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg), ensemble)
 
 
 def component_name(c: RewardComponent) -> str:

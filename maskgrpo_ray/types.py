@@ -246,7 +246,8 @@ class RewardResult:
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
     # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
-    # maskgrpo_ray.diversity's per-sample figures (name -> [N]; a group's mean is its diversity)
+    # per-sample figures of the images, name -> [N]: maskgrpo_ray.diversity's (a group's mean is
+    # its diversity) and maskgrpo_ray.monitors' image statistics (image/*)
     diversity: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -265,7 +266,8 @@ class ScoredBatch:
     accuracy: torch.Tensor | None = None  # [N] 0/1 where the reward defines correctness
     # component -> kind ("raised" | "nonfinite" | "bad_shape") -> samples whose score was lost
     reward_failures: dict[str, dict[str, int]] = field(default_factory=dict)
-    # maskgrpo_ray.diversity's per-sample figures (name -> [N]; a group's mean is its diversity)
+    # per-sample figures of the images, name -> [N]: maskgrpo_ray.diversity's (a group's mean is
+    # its diversity) and maskgrpo_ray.monitors' image statistics (image/*)
     diversity: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod

@@ -30,10 +30,16 @@ SMALL = [
     "filter.warmup_groups=2",
     "logging.progress_bar=false",
     "logging.sample_grid_every_steps=0",
+    # the monitors over windows short enough for 4 steps (their figures must match too)
+    "logging.monitors.probe_every_steps=2",
+    "logging.monitors.window_steps=2",
+    "logging.monitors.probe_window=2",
+    "logging.monitors.baseline_steps=1",
     "rollout.num_cpus_per_actor=0.25",
     "reward.num_cpus_per_actor=0.25",
     "learner.num_cpus_per_worker=0.25",
 ]
+MONITORED = ("image/", "probe/", "agreement/", "monitor/")
 SAME_GROUPS = (  # what a step generated, decided and trained on: equal exactly
     "reward_mean",
     "accuracy",
@@ -107,6 +113,16 @@ def test_ray_run_equals_the_local_run(tmp_path, monkeypatch, lag, extra):
     for ra, rb in zip(a, b):
         for key in SAME_GROUPS:
             assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
+        # the monitors (docs/monitors.md): image statistics from the reward actors, the probe,
+        # the agreement and the rules, the same on both backends
+        watched = {k for k in ra if k.startswith(MONITORED)}
+        assert watched == {k for k in rb if k.startswith(MONITORED)}
+        for key in watched:  # None: NaN both ways (e.g. no group to rank)
+            want = None if rb[key] is None else pytest.approx(rb[key], rel=1e-6, abs=1e-9)
+            assert ra[key] == want, (ra["step"], key, ra[key], rb[key])
+    assert any("monitor/drift/dark" in r for r in a) and "probe/judge" in a[2]
+    if extra:
+        assert all("agreement/s_vs_c" in r for r in a)
     # lag 1: every step after the first trains on rollouts one version behind
     assert [r["policy_version_lag"] for r in a] == ([0, 1, 1, 1] if lag else [0, 0, 0, 0])
     wa = load_file(str(local / "final_policy.safetensors"))

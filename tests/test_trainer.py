@@ -157,9 +157,13 @@ def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
         "policy_version_lag",
         "time/update",
         "samples_per_second",
+        "image/colour_entropy",  # the monitors (docs/monitors.md), on by default
+        "image/edges",
     ):
         assert key in rows[-1], key
+    assert "probe/reward" in rows[0] and "probe/judge" in rows[0]  # the base model, probed
     assert (run / "reward_curve.png").exists() and (run / "config.json").exists()
+    assert (run / "monitors.png").exists() and "monitors" in summary
     assert sorted(p.name for p in (run / "samples").iterdir()) == [
         "eval_tags_base.png",  # a held-out prompt per GenEval tag, the base model's
         "eval_tags_final.png",  # the same prompts and seed, the tuned model's

@@ -43,6 +43,7 @@ from maskgrpo_ray.config.policy import (
 from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config.training import (
     DiversityConfig,
+    EnsembleConfig,
     FilterConfig,
     LearnerConfig,
     RewardComponent,
@@ -66,6 +67,7 @@ __all__ = [
     "LoggingConfig",
     "LoraConfig",
     "ModelConfig",
+    "EnsembleConfig",
     "RewardComponent",
     "RewardConfig",
     "RolloutConfig",
@@ -199,12 +201,7 @@ class Config(Strict):
                 f"likelihood.estimator trajectory (got {est!r}) and at most "
                 f"rollout.unmasking_steps={steps} steps; lower it or set it to 0"
             )
-        if t.advantage == "gdpo" and len(self.reward.components) < 2:
-            raise ValueError(
-                f"train.advantage='gdpo' with {len(self.reward.components)} reward component: "
-                "GDPO normalises each component within its group before summing, which needs "
-                "two or more reward.components; use advantage 'grpo', or add a component"
-            )
+        _gdpo_rules(self)
         ro = self.rollout
         if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":
             raise ValueError(
@@ -219,6 +216,23 @@ class Config(Strict):
         if check is not None:
             check(self)  # the model kind's own cross-field rules
         return self
+
+
+def _gdpo_rules(cfg: Config) -> None:
+    """``train.advantage: gdpo`` needs two or more reward components and no ensemble."""
+    t = cfg.train
+    if t.advantage == "gdpo" and cfg.reward.ensemble is not None:
+        raise ValueError(
+            "train.advantage='gdpo' with a reward.ensemble: GDPO normalises each weighted "
+            "component, and the ensemble's members have weight 0 (its term is no "
+            "component); use advantage 'grpo' with the ensemble, or drop the ensemble"
+        )
+    if t.advantage == "gdpo" and len(cfg.reward.components) < 2:
+        raise ValueError(
+            f"train.advantage='gdpo' with {len(cfg.reward.components)} reward component: "
+            "GDPO normalises each component within its group before summing, which needs "
+            "two or more reward.components; use advantage 'grpo', or add a component"
+        )
 
 
 class ConfigError(UserError, ValueError):

@@ -21,6 +21,7 @@ from maskgrpo_ray.config import (
     Config,
     DataConfig,
     DiversityConfig,
+    EnsembleConfig,
     EvalConfig,
     EvidenceConfig,
     FilterConfig,
@@ -40,6 +41,7 @@ from maskgrpo_ray.config import (
     TrainConfig,
 )
 from maskgrpo_ray.config.metrics import MetricSpec
+from maskgrpo_ray.config.run import MonitorsConfig
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),
@@ -54,6 +56,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("likelihood.forward", ForwardEstimatorConfig),
     ("reward", RewardConfig),
     ("reward.components[]", RewardComponent),
+    ("reward.ensemble", EnsembleConfig),
     ("filter", FilterConfig),
     ("train", TrainConfig),
     ("train.diversity", DiversityConfig),
@@ -61,6 +64,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
     ("logging", LoggingConfig),
+    ("logging.monitors", MonitorsConfig),
     ("evidence", EvidenceConfig),
 )
 """Every model of the tree, under the dotted path its fields are set with."""

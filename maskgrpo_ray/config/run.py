@@ -67,8 +67,69 @@ class DataConfig(Strict):
     shuffle: bool = Field(True, description="shuffle the training prompts each epoch (seeded)")
 
 
+class MonitorsConfig(Strict):
+    """Reward hacking and collapse seen as they start (docs/monitors.md): image statistics of
+    the training samples, the agreement of the reward components, the reward against the judge
+    (the reward's accuracy: whatever the evaluation uses for it) on the training samples and on
+    a fixed probe set, and alarms that log one line when they trip."""
+
+    enabled: bool = Field(
+        True,
+        description="compute the monitors' figures and alarms each step (monitor/*, agreement/*, "
+        "probe/*; image/* are computed beside the reward always) and draw RUN_DIR/monitors.png",
+    )
+    probe_prompts: int = Field(
+        8,
+        ge=0,
+        description="held-out prompts in the fixed probe set (the first of each GenEval tag in "
+        "turn), judged with eval's sampler and seeds every probe_every_steps; 0: no probe",
+    )
+    probe_every_steps: int = Field(
+        10,
+        ge=0,
+        description="driver steps between probes, taken before the step's update (step 0: the "
+        "base model); 0: no probe. Costs probe_prompts * eval.samples_per_prompt images each",
+    )
+    window_steps: int = Field(
+        10, ge=2, description="training steps the reward's and the judge's trends are fitted over"
+    )
+    probe_window: int = Field(
+        3, ge=2, description="probe evaluations the probe's trends are fitted over"
+    )
+    reward_rise: float = Field(
+        0.5,
+        description="the hacking rule's reward rise over a window, in units of the run's first "
+        "reward_std (the per-sample spread of the reward at its first step)",
+    )
+    judge_rise: float = Field(
+        0.0, description="the hacking rule's judge: a rise over the window at or below this stalls"
+    )
+    persist_steps: int = Field(
+        3, ge=1, description="steps in a row the training hacking rule must hold to trip"
+    )
+    baseline_steps: int = Field(
+        5,
+        ge=1,
+        description="the image statistics' baseline is their mean over the first this many steps, "
+        "compared with their mean over the last this many",
+    )
+    entropy_drift_bits: float = Field(
+        1.0, gt=0, description="colour-entropy drift (bits, of 6) that trips the drift alarm"
+    )
+    share_drift: float = Field(
+        0.2,
+        gt=0,
+        description="drift of the dark, saturated or edge share (0-1) that trips the drift alarm",
+    )
+
+
 class LoggingConfig(Strict):
     """Run outputs besides metrics.jsonl."""
+
+    monitors: MonitorsConfig = Field(
+        default_factory=MonitorsConfig,
+        description="reward-hacking and collapse monitors (docs/monitors.md)",
+    )
 
     sample_grid_every_steps: int = Field(
         20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"

@@ -26,6 +26,25 @@ class RewardComponent(Strict):
     )
 
 
+class EnsembleConfig(Strict):
+    """An ensemble of reward models as one term of the reward (docs/monitors.md, Defenses):
+    its members are components of weight 0 (each logged as reward/<name>), combined per sample
+    into a pessimistic score that the policy can only raise where every member agrees."""
+
+    members: list[str] = Field(
+        min_length=2,
+        description="the components combined (their args.name, else their kind); each must "
+        "have weight 0 in reward.components: the ensemble term carries the weight",
+    )
+    rule: Literal["mean_minus_std", "min"] = Field(
+        "mean_minus_std",
+        description="mean_minus_std: mean - std_coef * std over the members (std over members, "
+        "divided by M); min: the lowest member",
+    )
+    std_coef: float = Field(1.0, ge=0, description="k of mean - k * std (rule mean_minus_std)")
+    weight: float = Field(1.0, description="weight of the ensemble term in the summed reward")
+
+
 class RewardConfig(Strict):
     """Scoring: the reward actors and the weighted sum of reward components."""
 
@@ -41,6 +60,12 @@ class RewardConfig(Strict):
         "None: the heaviest component that embeds, the reward's own space, which the policy is "
         "pushed on; name another (weight 0 is enough) for a judge that is not the reward "
         "(docs/diversity.md)",
+    )
+    ensemble: EnsembleConfig | None = Field(
+        None,
+        description="a term mean - k * std (or min) over several reward components of weight 0, "
+        "added to the weighted sum with its own weight (a defense against reward hacking: "
+        "docs/monitors.md); None: none",
     )
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
@@ -62,6 +87,24 @@ class RewardConfig(Strict):
             "the chunk re-scored; 0: the executor's timeout (600 s)"
         ),
     )
+
+    @model_validator(mode="after")
+    def _ensemble(self) -> RewardConfig:
+        e = self.ensemble
+        if e is None:
+            return self
+        weights = {str(c.args.get("name", c.kind)): c.weight for c in self.components}
+        for m in e.members:
+            if m not in weights or weights[m] != 0.0:
+                got = "no component" if m not in weights else f"weight {weights[m]}"
+                raise ValueError(
+                    f"reward.ensemble.members names {m!r} ({got}): each member must be a "
+                    f"reward component of weight 0 (the components: {list(weights)}); the "
+                    "ensemble's own weight is reward.ensemble.weight"
+                )
+        if len(set(e.members)) != len(e.members):
+            raise ValueError(f"reward.ensemble.members {e.members} repeats a component")
+        return self
 
 
 class FilterConfig(Strict):

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompositeReward",
+    "EnsembleSpec",
     "REWARD_REGISTRY",
     "Reward",
     "ModelReward",
@@ -120,12 +121,35 @@ def reward_stats(reward: object) -> dict[str, float]:
     return dict(stats()) if callable(stats) else {}
 
 
+@dataclass(frozen=True)
+class EnsembleSpec:
+    """A term of the reward over several components (``reward.ensemble``): per sample,
+    ``mean_m r_m - std_coef * std_m r_m`` (``std`` over the ``M`` members, divided by ``M``) or
+    ``min_m r_m``, times ``weight``. A NaN member makes the term NaN."""
+
+    members: tuple[str, ...]
+    rule: str = "mean_minus_std"  # "mean_minus_std" | "min"
+    std_coef: float = 1.0
+    weight: float = 1.0
+
+    def combine(self, parts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The ensemble's score float ``[N]`` of the members' values ``parts[m]`` ``[N]``."""
+        r = torch.stack([parts[m].float() for m in self.members])  # [M, N]
+        if self.rule == "min":
+            return r.min(dim=0).values  # NaN propagates
+        if self.rule != "mean_minus_std":
+            raise ValueError(f"ensemble rule {self.rule!r}: expected 'mean_minus_std' or 'min'")
+        return r.mean(dim=0) - self.std_coef * r.std(dim=0, correction=0)
+
+
 class CompositeReward:
-    """Weighted sum of rewards: ``total = sum_k w_k * r_k`` with each ``r_k`` reported apart.
+    """Weighted sum of rewards: ``total = sum_k w_k * r_k`` with each ``r_k`` reported apart,
+    plus ``w_E * E(r_members)`` with an ensemble (:class:`EnsembleSpec`).
 
     Args:
         parts: ``(reward, weight)`` pairs; the rewards' ``name`` must be distinct (they key the
             per-reward report).
+        ensemble: an ensemble term over some of the parts (their weights 0), or None.
         diversity_embedding: the part whose ``embed`` the diversity figures are measured in
             (``reward.diversity_embedding``); None: the heaviest part that has one
             (:mod:`maskgrpo_ray.diversity`).
@@ -141,6 +165,7 @@ class CompositeReward:
         *,
         diversity_embedding: str | None = None,
         train_embedding: str | None = None,
+        ensemble: EnsembleSpec | None = None,
     ) -> None:
         if not parts:
             raise ValueError("CompositeReward needs at least one reward")
@@ -165,6 +190,23 @@ class CompositeReward:
                 )
         self.diversity_embedding = diversity_embedding
         self.train_embedding = train_embedding
+        missing = [m for m in (ensemble.members if ensemble else ()) if m not in self.rewards]
+        if missing:
+            raise ValueError(f"ensemble members {missing} are no reward part (of {names})")
+        self.ensemble = ensemble
+
+    def total(self, parts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``sum_k w_k r_k`` (+ the ensemble's weighted term) float32 ``[N]`` of the parts'
+        unweighted values; a NaN part makes the total NaN whatever its weight."""
+        first = next(iter(parts.values()))
+        total = torch.zeros(first.shape[0], dtype=torch.float32)  # [N]
+        for name, values in parts.items():
+            if values.shape != total.shape:
+                raise ValueError(f"reward {name!r} returned {tuple(values.shape)}, expected [N]")
+            total += self.weights[name] * values
+        if self.ensemble is not None:
+            total += self.ensemble.weight * self.ensemble.combine(parts)
+        return total
 
     def score(
         self, images: torch.Tensor, prompts: Sequence[str]
@@ -176,12 +218,7 @@ class CompositeReward:
         """
         check_reward_inputs(images, prompts)
         parts = {name: r(images, prompts).float().cpu() for name, r in self.rewards.items()}
-        total = torch.zeros(images.shape[0], dtype=torch.float32)  # [N]
-        for name, values in parts.items():
-            if values.shape != total.shape:
-                raise ValueError(f"reward {name!r} returned {tuple(values.shape)}, expected [N]")
-            total += self.weights[name] * values
-        return total, parts
+        return self.total(parts), parts
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         return self.score(images, prompts)[0]
@@ -321,13 +358,15 @@ def build_reward(
     device: str | torch.device | None = None,
     diversity_embedding: str | None = None,
     train_embedding: str | None = None,
+    ensemble: EnsembleSpec | None = None,
 ) -> CompositeReward:
     """Build every reward of ``specs`` now (so missing weights fail at start) and compose them.
 
     Args:
         specs: :class:`RewardSpec` or ``(kind, weight, kwargs)`` tuples.
         device: where model rewards run (``None``: CUDA if present, else CPU).
-        diversity_embedding, train_embedding: the composite's (:class:`CompositeReward`).
+        diversity_embedding, train_embedding, ensemble: the composite's
+            (:class:`CompositeReward`).
 
     Returns:
         The :class:`CompositeReward` ``sum_k weight_k * reward_k``.
@@ -346,5 +385,8 @@ def build_reward(
         reward = factory(**kwargs)
         parts.append((reward, spec.weight))
     return CompositeReward(
-        parts, diversity_embedding=diversity_embedding, train_embedding=train_embedding
+        parts,
+        diversity_embedding=diversity_embedding,
+        train_embedding=train_embedding,
+        ensemble=ensemble,
     )

@@ -36,6 +36,7 @@ from maskgrpo_ray.step.figures import (
     run_summary,
 )
 from maskgrpo_ray.step.learner_core import LearnerLost
+from maskgrpo_ray.step.monitoring import Monitor
 from maskgrpo_ray.step.phases import make_train_batch
 from maskgrpo_ray.step.recovery import (
     RUN_ENDS,
@@ -207,12 +208,15 @@ class _Loop:
     # where a learner lost with no checkpoint to roll back to goes on from (RunCursor.source)
     redo: RunCursor = field(default_factory=lambda: RunCursor(0, None))
     probe: StepSignalProbe | None = None  # train.step_signal_every_steps
+    monitor: Monitor | None = None  # logging.monitors
     base_grid: Path | None = None  # samples/eval_tags_base.png, drawn before the trackers open
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
         cfg = self.cfg
         probed = self.probe.run(step) if self.probe is not None else {}  # before the update
+        if self.monitor is not None:  # the fixed probe set, before the update too
+            probed.update(self.monitor.probe(step))
         pending, self.pending = self.pending, []
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
@@ -226,6 +230,8 @@ class _Loop:
         if out.grid is not None:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
+        if self.monitor is not None:
+            row.update(self.monitor.observe(self.runlog.rows, row))
         self.runlog.log_step(row)
         return row
 
@@ -356,6 +362,9 @@ def train(
     loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg))
     if cfg.train.step_signal_every_steps:
         loop.probe = StepSignalProbe(cfg, ex, list(stream.prompts))
+    if cfg.logging.monitors.enabled:
+        loop.monitor = Monitor(cfg, ex, eval_prompts)
+        runlog.monitor_rules = loop.monitor.rules  # monitors.png beside the reward curve
     ckpts = Checkpoints(cfg, ex, source, run_dir, runlog)
     start_step = _start(loop, ckpts, resume_from)
     lc = cfg.logging

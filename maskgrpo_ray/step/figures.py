@@ -13,6 +13,7 @@ import torch
 
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import rollout_nbytes
+from maskgrpo_ray.monitors import reward_agreement
 from maskgrpo_ray.step.collect import Collected
 from maskgrpo_ray.step.phases import reward_failure_metrics
 from maskgrpo_ray.types import RolloutBatch, ScoredBatch
@@ -38,7 +39,8 @@ def _finite_mean(x: torch.Tensor) -> float:
 def reward_figures(generated: ScoredBatch, kept: ScoredBatch | None) -> dict[str, float]:
     """The step's reward figures over finite values.
 
-    ``reward_mean``, ``reward_std``, ``reward/<part>`` and ``accuracy`` describe every generated
+    ``reward_mean``, ``reward_std``, ``reward/<part>``, ``agreement/*``, ``image/*`` and
+    ``accuracy`` describe every generated
     group of the step (every attempt, dropped and invalid groups included), so they measure the
     policy; ``reward_mean_kept`` and ``accuracy_kept`` the groups trained on (NaN if none).
     """
@@ -50,8 +52,10 @@ def reward_figures(generated: ScoredBatch, kept: ScoredBatch | None) -> dict[str
     }
     for k, v in generated.reward_parts.items():
         out[f"reward/{k}"] = _finite_mean(v)
-    for k, v in generated.diversity.items():  # "diversity/distinct", "diversity/pairwise"
+    for k, v in generated.diversity.items():  # "diversity/distinct", ..., "image/dark", ...
         out[k] = _finite_mean(v)
+    # the components' agreement within groups (docs/monitors.md); weight-0 components count
+    out.update(reward_agreement(generated.reward_parts, generated.rollout.group_size))
     if generated.accuracy is not None:
         out["accuracy"] = _finite_mean(generated.accuracy)
         acc_kept = None if kept is None else kept.accuracy

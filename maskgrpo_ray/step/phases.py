@@ -26,6 +26,7 @@ from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.diversity import reward_diversity
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.monitors import image_statistics
 from maskgrpo_ray.rewards.base import check_reward_inputs
 from maskgrpo_ray.settings import AdvantageSettings
 from maskgrpo_ray.step.learner_loss import unit_log_probs
@@ -176,8 +177,8 @@ def score_rewards(
 ) -> RewardResult:
     """Score a rollout's images, each reward component on its own; a failure never stops the run.
 
-    The total is the composite's ``r = sum_k w_k r_k`` (a plain reward is one component, named
-    by its ``name``). A component that raises, or returns anything but ``N`` values, loses the
+    The total is the composite's ``r = sum_k w_k r_k`` plus its ensemble term, if any
+    (``CompositeReward.total``; a plain reward is one component, named by its ``name``). A component that raises, or returns anything but ``N`` values, loses the
     batch; a NaN/inf value loses that sample. Lost values are NaN in ``r_k`` and so in ``r``:
     their groups are invalid for :func:`filter_rewards` and never trained on. Every loss is
     logged (component, prompt indices, error) and counted, in samples, in
@@ -190,22 +191,24 @@ def score_rewards(
     GenEval's ``tag``/``include``; None where a prompt has none).
 
     The per-sample diversity figures come along (:func:`maskgrpo_ray.diversity.reward_diversity`:
-    in the embedding the composite names, with its layouts, and ``train.diversity``'s own).
+    in the embedding the composite names, with its layouts, and ``train.diversity``'s own), and
+    so do the images' statistics (:func:`maskgrpo_ray.monitors.image_statistics`, ``image/*``),
+    computed here because the images are here (on Ray: the reward actor).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
     metas = [(prompt_meta or {}).get(p) for p in prompts]
     check_reward_inputs(batch.images, prompts)
-    if hasattr(reward, "rewards") and hasattr(reward, "weights"):  # CompositeReward
-        components, weights = dict(reward.rewards), dict(reward.weights)
+    composite = hasattr(reward, "rewards") and hasattr(reward, "weights")  # CompositeReward
+    if composite:
+        components = dict(reward.rewards)
     else:
-        name = str(getattr(reward, "name", "reward"))
-        components, weights = {name: reward}, {name: 1.0}
-    total = torch.zeros(batch.num_samples, dtype=torch.float32)  # [N]
+        components = {str(getattr(reward, "name", "reward")): reward}
     parts: dict[str, torch.Tensor] = {}
     failures: dict[str, dict[str, int]] = {}
     for name, fn in components.items():
         parts[name], failures[name] = _score_component(name, fn, batch, prompts, metas)
-        total += weights[name] * parts[name]  # NaN stays NaN whatever the weight
+    # the composite's sum (and ensemble term); NaN stays NaN whatever the weight
+    total = reward.total(parts) if composite else next(iter(parts.values())).clone()
     acc = None
     acc_fn = accuracy_fn(reward)
     if acc_fn is not None:
@@ -213,6 +216,7 @@ def score_rewards(
     if not hasattr(reward, "rewards"):
         parts = {}  # a plain reward has no parts besides its total
     diversity = reward_diversity(reward, batch.images, batch.group_size)
+    diversity.update(image_statistics(batch.images))
     return RewardResult(total, parts, acc, failures, diversity)
 
 

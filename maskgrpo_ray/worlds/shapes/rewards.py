@@ -65,9 +65,13 @@ def build_shapes_clip(
     clutter: float = 0.5,
     score: str = "logits",
     name: str = "shapes_clip",
+    model_seed: int | None = None,
 ) -> ShapesClipReward:
     """Factory: the world's settings (``model.shapes``'s, which the model kind passes as
-    defaults) and ``score`` (``logits`` or ``cosine``)."""
+    defaults), ``score`` (``logits`` or ``cosine``) and ``model_seed``: the seed the reward
+    model is trained with (None: the world's ``seed``, the default model); another seed is
+    another model of the same recipe, trained once and cached by its spec (the members of a
+    ``reward.ensemble``, docs/monitors.md)."""
     world = WorldSpec(grid, patch_px, max_codes, codebook_renders, seed)
     spec = RewardModelSpec(
         world=world,
@@ -77,7 +81,7 @@ def build_shapes_clip(
         batch=batch,
         lr=lr,
         clutter=clutter,
-        seed=seed,
+        seed=seed if model_seed is None else model_seed,
     )
     return ShapesClipReward(spec, score, name)
 
