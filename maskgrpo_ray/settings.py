@@ -130,6 +130,9 @@ class RewardSettings:
     diversity_embedding: str | None = None
     # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
     train_embedding: str | None = None
+    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (None:
+    # not asked for, or a geneval component of the reward already gives it)
+    judge: RewardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +285,10 @@ def _reward_settings(cfg: Config) -> RewardSettings:
         RewardSpec(c.kind, c.weight, {**reward_defaults(cfg.model, c.kind), **c.args})
         for c in cfg.reward.components
     )
-    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg))
+    judge = None
+    if cfg.eval.geneval is not None and not any(s.kind == "geneval" for s in specs):
+        judge = RewardSpec("geneval", 0.0, cfg.eval.geneval.reward_args(), name="geneval_judge")
+    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg), judge)
 
 
 def component_name(c: RewardComponent) -> str:
