@@ -163,9 +163,7 @@ class GenEvalScorer:
             cache_dir=cache_dir,
         )  # fmt: skip
 
-    def judge(
-        self, images: torch.Tensor, metas: Sequence[Mapping[str, Any]]
-    ) -> list[Judgement]:
+    def judge(self, images: torch.Tensor, metas: Sequence[Mapping[str, Any]]) -> list[Judgement]:
         """GenEval's :class:`Judgement` of each image of uint8 ``[N, H, W, 3]`` against its
         metadata line (``metas[i]``).
 

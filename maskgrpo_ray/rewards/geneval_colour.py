@@ -115,19 +115,24 @@ class ColourClassifier:
         return self._classifiers[classname]
 
     @torch.inference_mode()
-    def classify(self, crops: Sequence[Any], classname: str) -> list[str]:
-        """The colour name of each PIL crop (:func:`object_crop`) of a ``classname`` object."""
-        if not crops:
-            return []
+    def logits(self, crops: Sequence[Any], classname: str) -> torch.Tensor:
+        """float ``[n, 10]``: ``100 * cos(crop, colour)`` of each PIL crop (:func:`object_crop`)
+        of a ``classname`` object, over :data:`COLORS`."""
         clf = self.classifier(classname)
-        out: list[str] = []
+        out = [torch.zeros(0, len(COLORS))]
         for s in range(0, len(crops), self.batch_size):
             pixels = torch.stack([self.transform(c) for c in crops[s : s + self.batch_size]])
             with self._amp():
                 feats = self.model.encode_image(pixels.to(self.device)).float()
-            logits = 100.0 * torch.nn.functional.normalize(feats, dim=-1) @ clf  # [n, 10]
-            out += [COLORS[int(i)] for i in logits.argmax(dim=1)]
-        return out
+            out.append((100.0 * torch.nn.functional.normalize(feats, dim=-1) @ clf).cpu())
+        return torch.cat(out)
+
+    def classify(self, crops: Sequence[Any], classname: str) -> list[str]:
+        """The colour name of each PIL crop of a ``classname`` object (the argmax of
+        :meth:`logits`)."""
+        if not crops:
+            return []
+        return [COLORS[int(i)] for i in self.logits(crops, classname).argmax(dim=1)]
 
 
 def save_tiny_clip_folder(folder: str | Path, seed: int = 0) -> str:

@@ -322,9 +322,7 @@ class Mask2FormerDetector:
             for k in range(chunk.shape[0]):
                 keep = self.keep_mask(wanted[s + k])
                 out.append(
-                    instances(
-                        class_logits[k], mask_logits[k], padded, resized, (h, w), keep=keep
-                    )
+                    instances(class_logits[k], mask_logits[k], padded, resized, (h, w), keep=keep)
                 )
         return out
 
