@@ -208,9 +208,9 @@ def test_plan_prices_a_checkpoint_at_the_runs_cadence(capsys):
 
 
 def test_the_reward_side_counts_a_configs_components_per_image():
-    from maskgrpo_ray.cost_model import (
+    from maskgrpo_ray.cost_model import PROFILES
+    from maskgrpo_ray.reward_cost import (
         MASK2FORMER_SWIN_S_FLOPS,
-        PROFILES,
         VIT_L14_IMAGE_FLOPS,
         reward_cost,
         with_rewards,
@@ -219,7 +219,7 @@ def test_the_reward_side_counts_a_configs_components_per_image():
     peak = 989e12  # H100 SXM dense bf16 (cost_model.PEAK_BF16)
     # Mask2Former Swin-S: 2 x 313 GFLOP (its paper's fvcore count at ~800 x 1067) x 0.75 for
     # 800 x 800 (x 800 / 1067) = 4.6935e11; plus (94 + 2 x 100) / 553 = 0.5316 ViT-L-14 crops
-    assert MASK2FORMER_SWIN_S_FLOPS == pytest.approx(4.6935e11, rel=1e-4)
+    assert pytest.approx(4.6935e11, rel=1e-4) == MASK2FORMER_SWIN_S_FLOPS
     geneval = 4.6935e11 + 294 / 553 * 2 * 304e6 * 257  # of 2 x 304M x 257 each
     assert VIT_L14_IMAGE_FLOPS == 2 * 304e6 * 257
     seconds, text = reward_cost(["geneval"], "H100 SXM")

@@ -78,3 +78,19 @@ def test_a_ray_run_trains_on_the_geneval_reward(world, tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r["reward_failures/geneval/raised"] == 0 for r in rows)
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows if "reward_mean" in r)
+
+
+def test_maskgrpo_eval_scores_geneval_with_the_scorer(world, tmp_path):
+    root, args = world
+    out = tmp_path / "eval"
+    code = main(["eval", "--config", "configs/showo_tiny_random.yaml", "--weights", "base",
+                 "--prompts", str(root / "eval.jsonl"), "--backend", "local", "--out", str(out),
+                 "--set", f"eval.geneval={json.dumps(args)}",
+                 "--set", "eval.samples_per_prompt=2"])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 * 2 and {r["tag"] for r in rows} == set(TAGS)
+    assert all(r["scores"]["geneval"] in (0.0, 1.0) for r in rows)  # judged, none lost
+    assert all((out / r["image_path"]).is_file() for r in rows)  # the evaluator's folder
+    report = json.loads((out / "report.json").read_text())
+    assert "geneval" in report["per_tag"]

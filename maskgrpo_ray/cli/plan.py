@@ -32,8 +32,8 @@ from maskgrpo_ray.cost_model import (
     pipeline_ideal,
     plan_split,
     showo_profile,
-    with_rewards,
 )
+from maskgrpo_ray.reward_cost import with_rewards
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -39,7 +39,7 @@ from maskgrpo_ray.config import (
     ToyModelConfig,
     TrainConfig,
 )
-from maskgrpo_ray.config.metrics import MetricSpec
+from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("run", RunConfig),
@@ -60,6 +60,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("learner", LearnerConfig),
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
+    ("eval.geneval", GenEvalJudgeConfig),
     ("logging", LoggingConfig),
     ("evidence", EvidenceConfig),
 )

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -374,4 +374,8 @@ def run_eval(
         out, evals, run_rows=run_rows, extra={"means": table, "settings": settings_info}
     )
     (out / "summary.json").write_text(json.dumps(report["means"], indent=2) + "\n")
+    with open(out / "samples.jsonl", "w") as f:  # per image: its scores beside its file
+        for me in evals:
+            for s in me.samples:
+                f.write(json.dumps({"model": me.label, **asdict(s)}) + "\n")
     return report

@@ -287,9 +287,10 @@ class Mask2FormerDetector:
         check_detector_folder(folder)
         folder = Path(str(folder))
         config = Mask2FormerConfig.from_pretrained(str(folder), local_files_only=True)
-        self.names = geneval_label_map(dict(config.id2label), classes)  # label id -> class
+        id2label: dict[int, str] = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+        self.names = geneval_label_map(id2label, classes)  # label id -> class
         self.ids = {name: i for i, name in self.names.items()}
-        self.num_labels = int(config.num_labels)
+        self.num_labels = len(id2label)
         net = _Mask2Former(config)
         state = {k: v for k, v in _state_dict(folder).items() if not k.startswith("criterion.")}
         missing_keys, unexpected = net.load_state_dict(state, strict=False)
@@ -336,7 +337,7 @@ def save_tiny_random_mask2former(folder: str | Path, labels: Sequence[str], seed
     from safetensors.torch import save_file
     from transformers import Mask2FormerConfig, SwinConfig
 
-    swin = SwinConfig(
+    swin = SwinConfig(  # type: ignore[call-arg]
         embed_dim=16,
         depths=[1, 1, 1, 1],
         num_heads=[1, 1, 2, 2],
@@ -344,7 +345,7 @@ def save_tiny_random_mask2former(folder: str | Path, labels: Sequence[str], seed
         drop_path_rate=0.0,
         out_features=["stage1", "stage2", "stage3", "stage4"],
     )
-    config = Mask2FormerConfig(
+    config = Mask2FormerConfig(  # type: ignore[call-arg]
         backbone_config=swin,
         num_queries=12,
         hidden_dim=32,
