@@ -48,7 +48,7 @@ def detector_figures(world, codebook: torch.Tensor, n: int, seed: int = 7) -> di
     rng = np.random.default_rng(seed)
     g, p = world.grid, world.patch_px
     prompts = pretrain.tag_balanced_prompts(rng, n)
-    objs = [scenes.sample_scene(q, g, rng) for q in prompts]
+    objs = [scenes.sample_scene(q, g, rng, p) for q in prompts]
     renders = np.stack([scenes.render(o, g, p) for o in objs])
     round_trip = tokenizer.decode(tokenizer.encode(renders, codebook), codebook, g)
 
@@ -67,7 +67,7 @@ def detector_figures(world, codebook: torch.Tensor, n: int, seed: int = 7) -> di
 
     metas = [q.metadata() for q in prompts]
     wrong = np.stack(
-        [scenes.render(scenes.corrupt_scene(q, o, g, rng), g, p) for q, o in zip(prompts, objs)]
+        [scenes.render(scenes.corrupt_scene(q, o, g, rng, p), g, p) for q, o in zip(prompts, objs)]
     )
     bad = np.stack(
         [scenes.PALETTE[malform(scenes.render_indices(o, g, p), o, p, rng)] for o in objs]

@@ -3,17 +3,16 @@
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from maskgrpo_ray.evaluation.geneval import (
     check_geneval_folder,
-    evaluate_objects,
-    relations,
     score_toy,
     write_geneval_prompt,
 )
-from maskgrpo_ray.geneval_schema import GenEvalMetadataError, check_metadata
+from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, GenEvalMetadataError, check_metadata
 from maskgrpo_ray.worlds.toy import world as toyworld
 from maskgrpo_ray.worlds.toy.rewards import judge
 
@@ -53,15 +52,27 @@ def test_toy_metadata_is_geneval_metadata():
         assert meta["prompt"] == cap.text
 
 
-def dot(colour: str, r: int, c: int) -> dict:
-    regions = {p for p in toyworld.POSITIONS if toyworld.region_mask(p, GRID)[r, c]}
-    return {"color": colour, "xy": (c + 0.5, r + 0.5), "region": regions}
+def cells_of(*dots: tuple[str, int, int]) -> torch.Tensor:
+    """A toy image's cells ``long [GRID, GRID]`` with the given ``(colour, row, col)`` dots."""
+    cells = torch.zeros(GRID, GRID, dtype=torch.long)
+    for colour, r, c in dots:
+        cells[r, c] = toyworld.COLOUR_NAMES.index(colour) + 1
+    return cells
+
+
+def rule(cells: torch.Tensor, meta: dict) -> bool:
+    return toyworld.toy_decide(cells, meta, CELL)[0]
+
+
+def test_toy_detections_are_cell_boxes_with_score_one():
+    # a red dot at row 1, col 3 of 4 x 4 cells of 4 px: the box [12, 4, 16, 8] in pixels
+    dets = toyworld.toy_detections(cells_of(("red", 1, 3)), CELL)
+    assert dets == {"dot": [(12.0, 4.0, 16.0, 8.0, 1.0, "red", frozenset({"right", "top"}))]}
 
 
 def test_rule_on_the_other_tags():
     # two_object / color_attr: both colours present; position: include[1] relative to [0]
-    red_left, blue_right = dot("red", 1, 0), dot("blue", 1, 3)
-    objs = {"dot": [red_left, blue_right]}
+    objs = cells_of(("red", 1, 0), ("blue", 1, 3))
     two = {"tag": "two_object", "prompt": "p", "include": [{"class": "dot", "count": 1}] * 2}
     attr = {
         "tag": "color_attr",
@@ -71,35 +82,36 @@ def test_rule_on_the_other_tags():
             {"class": "dot", "count": 1, "color": "blue"},
         ],
     }
-    assert evaluate_objects(objs, two) and evaluate_objects(objs, attr)
-    attr_wrong = {**attr, "include": [{**attr["include"][0], "color": "green"}, attr["include"][1]]}
-    assert not evaluate_objects(objs, attr_wrong)
+    assert rule(objs, two)
+    # GenEval judges a colour on the `count` most confident dots only: both dots score 1.0, and
+    # the evaluator's np.argsort(scores)[::-1] of the two equal scores decides which one that
+    # is (row-major order: red first, blue second); the other colour's clause then fails on it
+    first = ["red", "blue"][int(np.argsort(np.array([1.0, 1.0]))[::-1][0])]
+    other = {"red": "blue", "blue": "red"}[first]
+    assert not rule(objs, attr)
+    want = f"expected {other} dot>=1, found 0 {other}; and 1 {first}"
+    assert toyworld.toy_decide(objs, attr, CELL) == (False, want)
+    assert rule(objs, {**attr, "include": [{"class": "dot", "count": 1, "color": first}]})
 
     def pos(rel):
         return {
             "tag": "position",
             "prompt": "p",
             "include": [
-                {"class": "dot", "count": 1, "color": "red"},
-                {"class": "dot", "count": 1, "color": "blue", "position": [rel, 0]},
+                {"class": "dot", "count": 2},
+                {"class": "dot", "count": 1, "position": [rel, 0]},
             ],
         }
 
-    assert evaluate_objects(objs, pos("right of"))  # blue is right of red
-    assert not evaluate_objects(objs, pos("left of"))
-    assert not evaluate_objects({"dot": [blue_right]}, pos("right of"))  # no target
+    # the target group is both dots; the first dot (blue, at col 3) against itself has no
+    # relation: GenEval's rule needs the relation to every object of the target group
+    assert not rule(objs, pos("right of"))
+    assert not rule(cells_of(("blue", 1, 3)), pos("right of"))  # no target: one dot of two
     # counting's exclude: three dots where "fewer than 3" is required
     count = {"tag": "counting", "prompt": "p", "include": [{"class": "dot", "count": 2}]}
     count["exclude"] = [{"class": "dot", "count": 3}]
-    assert evaluate_objects(objs, count)
-    assert not evaluate_objects({"dot": [red_left, blue_right, dot("red", 0, 0)]}, count)
-
-
-def test_relations_follow_the_official_half_unit_rule():
-    assert relations((0, 0), (1, 0)) == {"left of"}
-    assert relations((0, 0), (1, 1)) == {"left of", "above"}  # 45 degrees: both pass 0.5
-    assert relations((0, 0), (1, 3)) == {"above"}  # x component 0.32 < 0.5
-    assert relations((2, 2), (2, 2)) == set()
+    assert rule(objs, count)
+    assert not rule(cells_of(("red", 1, 0), ("blue", 1, 3), ("red", 0, 0)), count)
 
 
 @pytest.mark.parametrize(
@@ -127,6 +139,27 @@ def test_bad_metadata_names_where_field_and_fix(meta, field):
         check_metadata(meta, "prompts.jsonl:7")
     msg = str(err.value)
     assert "prompts.jsonl:7" in msg and field in msg and "maskgrpo prompts make" in msg
+    assert "\n" not in msg
+
+
+def test_class_names_checked_only_when_asked():
+    # GenEval's detector knows 80 COCO names (its object_names.txt); "teddy bear" is one,
+    # "teddy" and the worlds' "dot" are not: refused for a real model's prompts only
+    assert len(GENEVAL_CLASSES) == len(set(GENEVAL_CLASSES)) == 80
+    ok = {
+        "tag": "single_object",
+        "prompt": "a teddy bear",
+        "include": [{"class": "teddy bear", "count": 1}],
+    }
+    check_metadata(ok, "p:1", classes=GENEVAL_CLASSES)
+    bad = {**ok, "exclude": [{"class": "teddy", "count": 2}]}
+    with pytest.raises(GenEvalMetadataError) as err:
+        check_metadata(bad, "p:2", classes=GENEVAL_CLASSES)
+    msg = str(err.value)
+    assert "p:2" in msg and "exclude[0].class" in msg and "'teddy'" in msg and "\n" not in msg
+    check_metadata(toyworld.all_captions()[0].geneval_metadata(), "toy")  # the worlds: no check
+    with pytest.raises(GenEvalMetadataError, match="'dot'"):
+        check_metadata(toyworld.all_captions()[0].geneval_metadata(), "toy", GENEVAL_CLASSES)
 
 
 def test_folder_layout_from_a_ten_line_metadata_file(tmp_path):
@@ -154,3 +187,27 @@ def test_folder_layout_from_a_ten_line_metadata_file(tmp_path):
     (root / "00007" / "metadata.jsonl").write_text(json.dumps({"prompt": "x"}))
     problems = check_geneval_folder(root, prompts=10, samples_per_prompt=3)
     assert len(problems) == 2 and "00004" in problems[0] and "00007" in problems[1]
+
+
+def test_eval_checks_class_names_for_a_real_models_prompts_file(tmp_path):
+    # the official evaluator scores a real model's images with its 80-class detector: a prompts
+    # file naming "teddy" is refused before anything starts; the toy world's prompt set and a
+    # world model (its own rule) keep their own class names
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.data import load_prompt_records
+    from maskgrpo_ray.evaluation.runner import geneval_metadata
+
+    line = {
+        "tag": "single_object",
+        "include": [{"class": "teddy", "count": 1}],
+        "prompt": "a teddy",
+    }
+    path = tmp_path / "meta.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    real = load_config("configs/showo_tiny_random.yaml")
+    with pytest.raises(GenEvalMetadataError, match="include\\[0\\].class is 'teddy'"):
+        geneval_metadata(load_prompt_records(str(path), "eval"), real)
+    assert geneval_metadata(load_prompt_records(str(path), "eval"), load_config("configs/toy.yaml"))
+    assert geneval_metadata(load_prompt_records("toy", "eval"), real)
+    path.write_text(json.dumps({**line, "include": [{"class": "teddy bear", "count": 1}]}) + "\n")
+    assert geneval_metadata(load_prompt_records(str(path), "eval"), real)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from maskgrpo_ray.geneval_schema import TAGS, check_metadata, relations
+from maskgrpo_ray.evaluation.geneval_rule import relative_position
+from maskgrpo_ray.geneval_schema import TAGS, check_metadata
 from maskgrpo_ray.step.learner_loss import pair_log_probs, train_pairs
 from maskgrpo_ray.step.phases import generate
 from maskgrpo_ray.types import TrainBatch
@@ -32,7 +33,7 @@ def _drawn(objs: list[scenes.Obj]) -> list[tuple]:
 def _scenes(n: int, seed: int) -> tuple[list[scenes.Prompt], list[list[scenes.Obj]]]:
     rng = np.random.default_rng(seed)
     prompts = pretrain.tag_balanced_prompts(rng, n)
-    return prompts, [scenes.sample_scene(p, G, rng) for p in prompts]
+    return prompts, [scenes.sample_scene(p, G, rng, P) for p in prompts]
 
 
 def test_grammar_covers_the_six_tags_with_valid_metadata_and_a_disjoint_split():
@@ -57,7 +58,7 @@ def test_a_prompt_has_hundreds_of_correct_images():
     assert places >= 100
     rng = np.random.default_rng(0)
     p = scenes.parse("a circle left of a square")
-    seen = {tuple(scenes.sample_scene(p, G, rng)) for _ in range(400)}
+    seen = {tuple(scenes.sample_scene(p, G, rng, P)) for _ in range(400)}
     assert len(seen) > 300  # two objects: far more layouts than draws
 
 
@@ -75,11 +76,11 @@ def test_detector_is_exact_on_ground_truth_renders():
 def test_detector_judges_near_misses_wrong():
     rng = np.random.default_rng(2)
     prompts, objs = _scenes(300, seed=2)
-    wrong = [scenes.corrupt_scene(p, o, G, rng) for p, o in zip(prompts, objs)]
+    wrong = [scenes.corrupt_scene(p, o, G, rng, P) for p, o in zip(prompts, objs)]
     images = torch.from_numpy(np.stack([scenes.render(o, G, P) for o in wrong]))
     out = judge.judge(images, [p.metadata() for p in prompts], P)
     assert out["geneval"].eq(0).all()
-    assert all(not scenes.is_correct(p, o) for p, o in zip(prompts, wrong))
+    assert all(not scenes.is_correct(p, o, P) for p, o in zip(prompts, wrong))
 
 
 def test_detector_rejects_malformed_objects():
@@ -112,11 +113,14 @@ def test_shape_classes_are_far_apart_at_every_size():
             assert (ma != mb).sum() > 2 * judge.MAX_WRONG_PX, (side, a, b)  # never both in reach
 
 
-def test_relations_of_position_scenes_hold_on_box_centres():
+def test_relations_of_position_scenes_hold_with_the_dead_zone():
+    # GenEval's relation on the drawn boxes in pixels (one pixel inside the token box), the
+    # dead zone of 0.1 x both sizes per axis included
     rng = np.random.default_rng(4)
     for p in (p for p in scenes.all_prompts() if p.tag == "position"):
-        target, obj = scenes.sample_scene(p, G, rng)
-        assert p.include[1]["position"][0] in relations(obj.centre(), target.centre())
+        target, obj = scenes.sample_scene(p, G, rng, P)
+        a, b = (scenes.scene_detections([o], P)[o.cls][0] for o in (obj, target))
+        assert p.include[1]["position"][0] in relative_position(a[:5], b[:5])
 
 
 def test_tokenizer_round_trip_is_lossless_and_objects_span_tokens():

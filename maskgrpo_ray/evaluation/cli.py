@@ -133,7 +133,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     check_diversity_spaces(cfg)  # reward.diversity_embedding names a component that embeds
     spec = args.prompts or cfg.data.eval_prompts or cfg.data.prompts
     prompts = load_prompt_records(spec, "eval", column=args.prompt_column or cfg.data.prompt_column)
-    geneval_metadata(prompts)  # a tag on some lines only, or a bad metadata line: stop here
+    geneval_metadata(prompts, cfg)  # a tag on some lines only, or a bad metadata line: stop here
     specs = list(cfg.eval.metrics)
     for k, text in enumerate(args.metric):  # "kind=fid,weights=..." (CLI) or a dict (API)
         try:

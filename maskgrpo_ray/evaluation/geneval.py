@@ -8,10 +8,11 @@ line) and scores every ``samples/<digits>.png``. Its generation script names the
 :func:`write_geneval_prompt` writes exactly that, so the official evaluator scores our images
 unchanged. Its summary reports per-tag accuracy and, as overall, the mean of the tag scores.
 
-The metadata schema and the rule (:func:`evaluate_objects`) are
-:mod:`maskgrpo_ray.geneval_schema`; the toy world's scorer (:func:`score_toy`, the rule on its
-decoded pixels) is :mod:`maskgrpo_ray.worlds.toy.world`, where the toy model and the toy GenEval reward
-that use it find it without reaching into the evaluation. Both stay importable from here.
+The metadata schema is :mod:`maskgrpo_ray.geneval_schema`; the rule, exact (the evaluator's box
+selection and ``evaluate``: :func:`decide`), is :mod:`maskgrpo_ray.evaluation.geneval_rule`
+(NumPy only, so the worlds import it without this module's torch); the toy world's scorer
+(:func:`score_toy`, the rule on its decoded pixels) is :mod:`maskgrpo_ray.worlds.toy.world`.
+All stay importable from here. The official evaluator stays the number to publish.
 """
 
 from __future__ import annotations
@@ -24,17 +25,32 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.geneval_schema import Obj, check_metadata, evaluate_objects, relations
-from maskgrpo_ray.worlds.toy.world import score_toy, toy_objects
+from maskgrpo_ray.evaluation.geneval_rule import (
+    COLORS,
+    GenEvalRuleError,
+    compute_iou,
+    decide,
+    relative_position,
+    rule_options,
+    select_boxes,
+)
+from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, check_metadata
+from maskgrpo_ray.worlds.toy.world import score_toy, toy_decide, toy_detections
 
 __all__ = [
-    "Obj",
+    "COLORS",
+    "GENEVAL_CLASSES",
+    "GenEvalRuleError",
     "check_geneval_folder",
-    "evaluate_objects",
-    "relations",
+    "compute_iou",
+    "decide",
+    "relative_position",
+    "rule_options",
     "sample_folder",
     "score_toy",
-    "toy_objects",
+    "select_boxes",
+    "toy_decide",
+    "toy_detections",
     "write_geneval_prompt",
 ]
 

@@ -34,7 +34,7 @@ from maskgrpo_ray.evaluation.generation import (
 from maskgrpo_ray.evaluation.geneval import check_geneval_folder, write_geneval_prompt
 from maskgrpo_ray.evaluation.types import EvalSample, ModelEval
 from maskgrpo_ray.evaluation.weights import BASE
-from maskgrpo_ray.geneval_schema import check_metadata
+from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, check_metadata
 from maskgrpo_ray.settings import EvalSettings, settings_from_config
 from maskgrpo_ray.types import RolloutBatch
 
@@ -50,19 +50,27 @@ class ModelSource:
     state: dict[str, torch.Tensor] | None
 
 
-def geneval_metadata(prompts: LoadedPrompts) -> list[dict[str, Any]] | None:
+def geneval_metadata(prompts: LoadedPrompts, cfg: Config) -> list[dict[str, Any]] | None:
     """Every prompt's GenEval metadata when the prompts carry it (checked), else None.
+
+    A prompts file for a model whose images the official evaluator scores (a kind with no world
+    rule of its own) must name GenEval's 80 detector classes; a registered prompt set (the toy's
+    and the shapes world's grammars) or a world model's prompts name the world's own classes.
 
     Raises ValueError when some prompts carry a ``tag`` and others do not, or a line is not
     GenEval metadata (naming the line, the field and the fix)."""
+    from maskgrpo_ray.models.registry import get_model, get_prompt_set
+
     records = prompts.records
     tagged = [r for r in records if r.meta and "tag" in r.meta]
     if not tagged:
         return None
+    world = get_model(cfg.model.kind, cfg.model.plugins).geneval_rule is not None
+    classes = None if world or get_prompt_set(prompts.source) is not None else GENEVAL_CLASSES
     metas = []
     for r in records:
         meta = {**(r.meta or {}), "prompt": r.text}
-        check_metadata(meta, r.source)
+        check_metadata(meta, r.source, classes)
         metas.append(meta)
     return metas
 
@@ -341,7 +349,7 @@ def run_eval(
 
     out.mkdir(parents=True, exist_ok=True)
     settings = settings_from_config(cfg).eval
-    metas = geneval_metadata(prompts)
+    metas = geneval_metadata(prompts, cfg)
     models = sorted(models, key=lambda m: m.source != BASE)
     generator: LocalGenerator | RayGenerator
     if backend == "local":

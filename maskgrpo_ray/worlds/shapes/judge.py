@@ -11,11 +11,13 @@ Detection (:func:`detect`), exact for the world's renders and strict for anythin
    is a malformed object (``class "malformed"``): a blob of the right colour is not a square,
    half a circle is not a circle, a stray piece is no object.
 
-The object's place is its box centre in token units. GenEval's rule
-(:func:`maskgrpo_ray.geneval_schema.evaluate_objects`) then judges the objects against a prompt's
-metadata: the includes hold (counts, colours, relations between box centres) and no exclude is
-met. Malformed objects match no class, so they never satisfy an include; like any extra object
-they fail an image only through an exclude.
+GenEval's rule, the official evaluator's (:func:`maskgrpo_ray.evaluation.geneval_rule.decide`:
+its thresholds, score order, ``evaluate``), then judges the objects' pixel boxes against a
+prompt's metadata (:func:`rule_detections`: the score is the object's mask match, the colour its
+palette colour): the includes hold (counts, colours of the ``count`` most confident, relations
+between boxes with the evaluator's dead zone) and no exclude is met. Malformed objects match no
+class, so they never satisfy an include; like any extra object they fail an image only through an
+exclude.
 """
 
 from __future__ import annotations
@@ -27,9 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from maskgrpo_ray.geneval_schema import Obj as RuleObj
-from maskgrpo_ray.geneval_schema import evaluate_objects, relations
-from maskgrpo_ray.worlds.shapes.scenes import CLASSES, COLOUR_NAMES, PALETTE, SIZES, shape_mask
+from maskgrpo_ray.evaluation.geneval_rule import decide, relative_position
+from maskgrpo_ray.worlds.shapes.scenes import (
+    CLASSES,
+    COLOUR_NAMES,
+    PALETTE,
+    SIZES,
+    box_colours,
+    shape_mask,
+)
 
 MAX_WRONG_PX = 1
 MALFORMED = "malformed"
@@ -125,45 +133,52 @@ def detect(images: torch.Tensor, patch_px: int) -> list[list[Detection]]:
     return out
 
 
-def rule_objects(dets: Sequence[Detection]) -> dict[str, list[RuleObj]]:
-    """Detections as the GenEval rule reads them: class -> ``{"color", "xy"}`` objects."""
-    out: dict[str, list[RuleObj]] = {}
+def rule_detections(dets: Sequence[Detection]) -> dict[str, list[tuple[Any, ...]]]:
+    """Detections as GenEval's rule reads them: class -> ``(x0, y0, x1, y1, score, colour)``, the
+    box in pixels. The score is the match of the object's pixels with its class's mask (the IoU
+    :func:`classify` measures: 1.0 for an exact render, about 0.96 with one stray pixel, 0 for a
+    malformed object), the detector's own confidence: the evaluator's thresholds keep every
+    well-formed object (0.96 > 0.9), and its score order puts damaged objects after exact ones;
+    equal scores are ordered as NumPy orders them (the evaluator's ``argsort``) in
+    :func:`detect`'s order, deterministic."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
     for d in dets:
-        out.setdefault(d.cls, []).append({"color": d.colour, "xy": d.xy, "region": set()})
+        top, left, h, w = d.box
+        box = (float(left), float(top), float(left + w), float(top + h), d.iou, d.colour)
+        out.setdefault(d.cls, []).append(box)
     return out
 
 
-def clause_credit(objects: Mapping[str, list[RuleObj]], meta: Mapping[str, Any]) -> float:
+def clause_credit(boxes: Mapping[str, list[tuple[Any, ...]]], meta: Mapping[str, Any]) -> float:
     """Partial credit in [0, 1]: the share of the metadata's clauses (includes and excludes)
-    that hold, each include judged alone (a relation against every object of its target's
-    class and colour)."""
+    that hold, each include judged alone on all detections of its class (and colour), a relation
+    (GenEval's, :func:`~maskgrpo_ray.evaluation.geneval_rule.relative_position`) against every
+    object of its target's class and colour. The project's shaping signal, not GenEval's."""
     clauses = list(meta["include"]) + list(meta.get("exclude", []))
+
+    def of(req: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return [b for b in boxes.get(req["class"], []) if b[5] == req.get("color", b[5])]
+
     held = 0
     for req in meta["include"]:
-        found = [
-            o for o in objects.get(req["class"], []) if o["color"] == req.get("color", o["color"])
-        ]
+        found = of(req)
         ok = len(found) >= req["count"]
         if ok and "position" in req:
             rel, target = req["position"]
-            t = meta["include"][target]
-            group = [
-                o for o in objects.get(t["class"], []) if o["color"] == t.get("color", o["color"])
-            ]
+            group = of(meta["include"][target])
             ok = bool(group) and all(
-                rel in relations(o["xy"], g["xy"]) for o in found for g in group
+                rel in relative_position(o[:5], g[:5]) for o in found for g in group
             )
         held += int(ok)
-    held += sum(
-        len(objects.get(req["class"], [])) < req["count"] for req in meta.get("exclude", [])
-    )
+    held += sum(len(boxes.get(req["class"], [])) < req["count"] for req in meta.get("exclude", []))
     return held / len(clauses)
 
 
 def judge(
     images: torch.Tensor, metas: Sequence[Mapping[str, Any]], patch_px: int
 ) -> dict[str, torch.Tensor]:
-    """GenEval's rule on each image uint8 ``[N, H, W, 3]`` against its metadata line.
+    """GenEval's rule (the official evaluator's, :func:`decide`) on each image uint8
+    ``[N, H, W, 3]`` against its metadata line.
 
     Returns float ``[N]`` tensors: ``geneval`` (0/1: the image is correct), ``credit`` (the
     share of clauses that hold) and ``malformed`` (the number of malformed objects).
@@ -173,9 +188,9 @@ def judge(
     dets = detect(images, patch_px)
     correct, credit, bad = [], [], []
     for d, meta in zip(dets, metas, strict=True):
-        objs = rule_objects(d)
-        correct.append(float(evaluate_objects(objs, meta)))
-        credit.append(clause_credit(objs, meta))
+        boxes = rule_detections(d)
+        correct.append(float(decide(boxes, meta, box_colours)[0]))
+        credit.append(clause_credit(boxes, meta))
         bad.append(float(sum(x.cls == MALFORMED for x in d)))
     return {
         "geneval": torch.tensor(correct),

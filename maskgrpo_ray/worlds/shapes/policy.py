@@ -34,7 +34,7 @@ class WorldSpec:
     seed: int = 0
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        blob = json.dumps({**asdict(self), **scenes.DATA_VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -56,7 +56,7 @@ class PolicySpec:
     seed: int = 0
 
     def cache_key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        blob = json.dumps({**asdict(self), **scenes.DATA_VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

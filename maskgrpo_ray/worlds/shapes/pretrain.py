@@ -52,9 +52,9 @@ def render_batch(
     pixels: uint8 ``[B, H, W, 3]``."""
     out = []
     for p in prompts:
-        objs = scenes.sample_scene(p, world.grid, rng)
+        objs = scenes.sample_scene(p, world.grid, rng, world.patch_px)
         if noise_prob and rng.random() < noise_prob:
-            objs = scenes.corrupt_scene(p, objs, world.grid, rng)
+            objs = scenes.corrupt_scene(p, objs, world.grid, rng, world.patch_px)
         out.append(scenes.render(objs, world.grid, world.patch_px))
     return np.stack(out)
 

@@ -54,7 +54,7 @@ class RewardModelSpec:
     seed: int = 0
 
     def cache_key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        blob = json.dumps({**asdict(self), **scenes.DATA_VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -170,15 +170,15 @@ def add_clutter(indices: np.ndarray, patch_px: int, rng: np.random.Generator) ->
 
 
 def _near_miss_prompt(
-    prompt: scenes.Prompt, objs: list[scenes.Obj], rng: np.random.Generator
+    prompt: scenes.Prompt, objs: list[scenes.Obj], rng: np.random.Generator, patch_px: int
 ) -> scenes.Prompt:
     """A prompt of the same tag that the scene does not satisfy (any other prompt if none)."""
     same = [p for p in scenes.all_prompts() if p.tag == prompt.tag and p != prompt]
     for _ in range(20):
         cand = same[int(rng.integers(len(same)))]
-        if not scenes.is_correct(cand, objs):
+        if not scenes.is_correct(cand, objs, patch_px):
             return cand
-    others = [p for p in scenes.all_prompts() if not scenes.is_correct(p, objs)]
+    others = [p for p in scenes.all_prompts() if not scenes.is_correct(p, objs, patch_px)]
     return others[int(rng.integers(len(others)))]
 
 
@@ -200,17 +200,17 @@ def training_batch(
         chosen.setdefault(p.text, p)
     pos, neg, neg_texts = [], [], []
     for p in chosen.values():
-        objs = scenes.sample_scene(p, w.grid, rng)
+        objs = scenes.sample_scene(p, w.grid, rng, w.patch_px)
         idx = scenes.render_indices(objs, w.grid, w.patch_px)
         pos.append(scenes.PALETTE[idx])
         if rng.random() < 0.5:
             bad = scenes.render_indices(
-                scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px
+                scenes.corrupt_scene(p, objs, w.grid, rng, w.patch_px), w.grid, w.patch_px
             )
         else:
             bad = malform(idx, objs, w.patch_px, rng)
         neg.append(scenes.PALETTE[bad])
-        neg_texts.append(_near_miss_prompt(p, objs, rng).text)
+        neg_texts.append(_near_miss_prompt(p, objs, rng, w.patch_px).text)
     images = torch.from_numpy(np.stack(pos))
     negatives = torch.from_numpy(np.stack(neg))
     return images, negatives, list(chosen), neg_texts
@@ -299,11 +299,11 @@ def agreement(model: ShapesClip, n: int = 512, seed: int = 1234) -> dict[str, fl
         good, bad, texts = [], [], []
         for _ in range(n):
             p = prompts[int(rng.integers(len(prompts)))]
-            objs = scenes.sample_scene(p, w.grid, rng)
+            objs = scenes.sample_scene(p, w.grid, rng, w.patch_px)
             idx = scenes.render_indices(objs, w.grid, w.patch_px)
             if kind == "near_miss":
                 wrong = scenes.render_indices(
-                    scenes.corrupt_scene(p, objs, w.grid, rng), w.grid, w.patch_px
+                    scenes.corrupt_scene(p, objs, w.grid, rng, w.patch_px), w.grid, w.patch_px
                 )
             else:
                 wrong = malform(idx, objs, w.patch_px, rng)

@@ -8,7 +8,8 @@ tokenizer sees where an object ends) and two objects never touch. Boxes never ov
 
 Prompts follow GenEval's templates for its six tags (Ghosh et al., 2023), with shapes as the
 object classes; each prompt carries its GenEval metadata line (:mod:`maskgrpo_ray.geneval_schema`)
-and the rule of that schema judges a scene's detected objects against it:
+and GenEval's rule (the official evaluator's, :mod:`maskgrpo_ray.evaluation.geneval_rule`) judges
+a scene's detected objects against it:
 
 ============== ================================ =======================================
 tag            prompt                           metadata ``include`` (``exclude``)
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from maskgrpo_ray.geneval_schema import RELATIONS, TAGS, evaluate_objects, relations
+from maskgrpo_ray.evaluation.geneval_rule import decide
+from maskgrpo_ray.geneval_schema import RELATIONS, TAGS
 
 CLASSES = ("circle", "square", "triangle", "diamond")
 PLURAL = {c: c + "s" for c in CLASSES}
@@ -69,6 +71,10 @@ WORDS = (
     *COLOUR_NAMES,
 )
 PROMPT_TOKENS = 8  # P: the longest prompt, "a red circle and a blue square", has 7 words
+# part of every shapes cache key (codebook, base policy, reward model): their data are scenes
+# drawn correct under this rule; "geneval-exact": the official evaluator's, position scenes
+# redrawn until its relation holds with the dead zone (earlier caches drew on box centres alone)
+DATA_VERSION = {"scene_rule": "geneval-exact"}
 REL_WORDS = {"left of": "left of", "right of": "right of", "above": "above", "below": "below"}
 
 
@@ -237,9 +243,10 @@ def _colour(rng: np.random.Generator, avoid: Sequence[str] = ()) -> str:
     return str(rng.choice([c for c in COLOUR_NAMES if c not in avoid]))
 
 
-def sample_scene(prompt: Prompt, grid: int, rng: np.random.Generator) -> list[Obj]:
-    """A random scene that is correct for ``prompt``: what the prompt leaves open (colours,
-    sizes, places) is drawn at random; nothing else is in the scene."""
+def sample_scene(prompt: Prompt, grid: int, rng: np.random.Generator, patch_px: int) -> list[Obj]:
+    """A random scene that is correct for ``prompt`` (:func:`is_correct` at ``patch_px``): what
+    the prompt leaves open (colours, sizes, places) is drawn at random; nothing else is in the
+    scene. A position scene is drawn again until GenEval's relation, dead zone included, holds."""
     inc = prompt.include
     if prompt.tag == "counting":
         n = inc[0]["count"]
@@ -247,30 +254,46 @@ def sample_scene(prompt: Prompt, grid: int, rng: np.random.Generator) -> list[Ob
     specs = [(c["class"], c.get("color") or _colour(rng)) for c in inc]
     if prompt.tag != "position":
         return _random_objects(specs, grid, rng)
-    rel = inc[1]["position"][0]
     while True:
-        target, obj = _random_objects(specs, grid, rng)
-        if rel in relations(obj.centre(), target.centre()):
-            return [target, obj]
+        scene = _random_objects(specs, grid, rng)
+        if is_correct(prompt, scene, patch_px):
+            return scene
 
 
-def is_correct(prompt: Prompt, objs: Sequence[Obj]) -> bool:
-    """GenEval's rule on a drawn scene (exact objects): what the judge finds in its render."""
-    found: dict[str, list[dict[str, Any]]] = {}
+def scene_detections(objs: Sequence[Obj], patch_px: int) -> dict[str, list[tuple[Any, ...]]]:
+    """What the judge's detector finds in a drawn scene's render, as raw detections for GenEval's
+    rule: class -> ``(x0, y0, x1, y1, 1.0, colour)``, the drawn square in pixels (one pixel inside
+    the object's token box) with a perfect match's score."""
+    found: dict[str, list[tuple[Any, ...]]] = {}
     for o in objs:
-        found.setdefault(o.cls, []).append({"color": o.colour, "xy": o.centre(), "region": set()})
-    return evaluate_objects(found, prompt.metadata())
+        inner = o.size * patch_px - 2
+        x0, y0 = o.col * patch_px + 1, o.row * patch_px + 1
+        box = (float(x0), float(y0), float(x0 + inner), float(y0 + inner), 1.0, o.colour)
+        found.setdefault(o.cls, []).append(box)
+    return found
+
+
+def box_colours(classname: str, boxes: list[tuple[Any, ...]]) -> list[str]:
+    """The shapes world's colour classifier: each box's palette colour, carried after its score
+    (exact: an object is drawn in one palette colour)."""
+    return [b[5] for b in boxes]
+
+
+def is_correct(prompt: Prompt, objs: Sequence[Obj], patch_px: int) -> bool:
+    """GenEval's rule (:func:`~maskgrpo_ray.evaluation.geneval_rule.decide`, the official
+    evaluator's) on a drawn scene at ``patch_px``: what the judge decides on its render."""
+    return decide(scene_detections(objs, patch_px), prompt.metadata(), box_colours)[0]
 
 
 def corrupt_scene(
-    prompt: Prompt, objs: list[Obj], grid: int, rng: np.random.Generator
+    prompt: Prompt, objs: list[Obj], grid: int, rng: np.random.Generator, patch_px: int
 ) -> list[Obj]:
     """A near miss of ``prompt``: the scene with one thing wrong that the prompt's tag tests
-    (a count off by one, a colour, a class, a relation) and wrong for the prompt, for noisy
-    pre-training captions and the reward model's hard negatives."""
+    (a count off by one, a colour, a class, a relation) and wrong for the prompt (at
+    ``patch_px``), for noisy pre-training captions and the reward model's hard negatives."""
     for _ in range(50):
         wrong = _one_change(prompt, objs, grid, rng)
-        if not is_correct(prompt, wrong):
+        if not is_correct(prompt, wrong, patch_px):
             return wrong
     return []  # never reached in practice (each tag has a change that breaks it); empty is wrong
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.geneval_schema import Obj, evaluate_objects
+from maskgrpo_ray.evaluation.geneval_rule import decide, select_boxes
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -175,35 +175,65 @@ def pixels_to_cells(images: torch.Tensor, grid: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- GenEval's rule
-# on toy images: detection is exact, each non-black cell is one "dot" with its palette colour
-# and position. The toy's own ``region`` key (all of the include's dots in a canvas half) adds
-# its captions' "on the left"; with the exclude that ``Caption.geneval_metadata`` writes, the
-# rule equals the toy reward's correctness (a test checks it).
+# on toy images, the official evaluator's (maskgrpo_ray.evaluation.geneval_rule.decide) on exact
+# detections, plus the toy's own ``region`` key.
 
 
-def toy_objects(cells: torch.Tensor) -> dict[str, list[Obj]]:
-    """The dots of one toy image ``long [g, g]`` (palette cells) as detected objects."""
+def toy_detections(cells: torch.Tensor, cell_px: int) -> dict[str, list[tuple[Any, ...]]]:
+    """The dots of one toy image ``long [g, g]`` (palette cells) as raw detections for
+    :func:`~maskgrpo_ray.evaluation.geneval_rule.decide`: class ``"dot"`` -> boxes
+    ``(x0, y0, x1, y1, score, colour, regions)``, one per lit cell in row-major order.
+
+    The box is the cell's square in pixels (``x1 = x0 + cell_px``). Detection is exact, so every
+    score is 1.0 (a lit cell is a dot; the toy has no confidence to rank dots by): the evaluator's
+    ``argsort(scores)[::-1]`` then orders them as NumPy orders that array of equal scores (the
+    evaluator's own call on the same array, deterministic). The toy's metadata makes the order
+    moot: its exclude of ``count + 1`` dots leaves a correct image ``count`` dots, all of which
+    the include judges. ``colour`` (the palette name) and
+    ``regions`` (the canvas halves the cell lies in) ride after the score for the colour and
+    region checks."""
     g = cells.shape[0]
-    regions = {p: region_mask(p, g) for p in POSITIONS}
-    dots = []
+    masks = {p: region_mask(p, g) for p in POSITIONS}
+    dots: list[tuple[Any, ...]] = []
     for r, c in (cells != 0).nonzero().tolist():
-        dots.append(
-            {
-                "color": COLOUR_NAMES[int(cells[r, c]) - 1],
-                "xy": (c + 0.5, r + 0.5),
-                "region": {p for p, m in regions.items() if m[r, c]},
-            }
-        )
+        colour = COLOUR_NAMES[int(cells[r, c]) - 1]
+        regions = frozenset(p for p, m in masks.items() if m[r, c])
+        box = (c * cell_px, r * cell_px, (c + 1) * cell_px, (r + 1) * cell_px)
+        dots.append((*(float(v) for v in box), 1.0, colour, regions))
     return {"dot": dots}
+
+
+def _palette_colours(classname: str, boxes: list[tuple[Any, ...]]) -> list[str]:
+    """The toy's colour classifier: each dot's palette colour (exact)."""
+    return [b[5] for b in boxes]
+
+
+def toy_decide(cells: torch.Tensor, meta: Mapping[str, Any], cell_px: int) -> tuple[bool, str]:
+    """GenEval's decision on one toy image ``long [g, g]``: the evaluator's rule on
+    :func:`toy_detections`, then the toy's ``region`` key of an include (its ``count`` most
+    confident dots, those the rule judged, all lie in the named half), reason appended."""
+    dets = toy_detections(cells, cell_px)
+    correct, reason = decide(dets, meta, _palette_colours)
+    kept = select_boxes(dets, str(meta["tag"]))
+    for req in meta.get("include", []):
+        found = kept.get(req["class"], [])[: req["count"]]
+        if "region" in req and len(found) == req["count"]:
+            outside = sum(req["region"] not in b[6] for b in found)
+            if outside:
+                correct = False
+                msg = f"expected {req['class']} on the {req['region']}, found {outside} outside"
+                reason = f"{reason}\n{msg}" if reason else msg
+    return correct, reason
 
 
 def score_toy(
     images: torch.Tensor, metas: Sequence[Mapping[str, Any]], grid: int
 ) -> dict[str, torch.Tensor]:
     """``geneval`` ``[N]`` (0/1): GenEval's rule on toy images ``uint8 [N, H, W, 3]``, one
-    metadata object per image."""
+    metadata object per image (:func:`toy_decide`)."""
     if images.shape[0] != len(metas):
         raise ValueError(f"{images.shape[0]} images but {len(metas)} metadata lines")
     cells = pixels_to_cells(images.cpu(), grid)
-    correct = [float(evaluate_objects(toy_objects(c), m)) for c, m in zip(cells, metas)]
+    cell_px = images.shape[1] // grid
+    correct = [float(toy_decide(c, m, cell_px)[0]) for c, m in zip(cells, metas)]
     return {"geneval": torch.tensor(correct, dtype=torch.float32)}
