@@ -149,7 +149,9 @@ class RolloutActor(PoolActor):
         """One evaluation unit with the current weights, scored with the training reward:
         per-sample ``reward`` (and ``accuracy``) ``[N]`` (``evaluation.generation``)."""
         if self._eval_reward is None:
-            self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
+            self._eval_reward = build_reward_from_settings(
+                self.reward_settings, self.device, evaluation=True
+            )
         batch = generate_unit(self.policy, unit, self.evaluation)
         return unit_rewards(self._eval_reward, batch, self.prompt_meta)
 
@@ -163,7 +165,9 @@ class RolloutActor(PoolActor):
         with the current weights and its seed, scored here with the run's reward (the
         evaluation's copy), whole but for its images (the learner ranks measure it)."""
         if self._eval_reward is None:
-            self._eval_reward = build_reward_from_settings(self.reward_settings, self.device)
+            self._eval_reward = build_reward_from_settings(
+                self.reward_settings, self.device, evaluation=True
+            )
         batch = self.generate(prompts, positions, seed)
         scored = score(self._eval_reward, batch, self.prompt_meta)
         return replace(scored, rollout=batch.without_images())

@@ -45,16 +45,36 @@ def build_policy(model: ModelConfig, device: torch.device | None = None) -> Mask
 
 
 def build_reward_from_settings(
-    reward: RewardSettings, device: torch.device | None = None
+    reward: RewardSettings, device: torch.device | None = None, *, evaluation: bool = False
 ) -> CompositeReward:
     """The weighted reward composition (every component built now, so a missing file fails),
-    with the components its diversity figures are measured in."""
-    return build_reward(
+    with the components its diversity figures are measured in; for ``evaluation``, with the
+    judge (``eval.geneval``) whose correctness is the evaluation's accuracy."""
+    built = build_reward(
         list(reward.specs),
         device=device,
         diversity_embedding=reward.diversity_embedding,
         train_embedding=reward.train_embedding,
         ensemble=reward.ensemble,
+    )
+    return attach_judge(built, reward, device) if evaluation else built
+
+
+def attach_judge(
+    reward: CompositeReward, settings: RewardSettings, device: torch.device | None = None
+) -> CompositeReward:
+    """``reward`` as the evaluation scores with it: its parts (shared, not rebuilt) and, when
+    ``settings.judge`` is set, the judge built now (:attr:`CompositeReward.judge`)."""
+    if settings.judge is None:
+        return reward
+    judge = build_reward([settings.judge], device=device).rewards[settings.judge.name or "geneval"]
+    parts = [(r, reward.weights[n]) for n, r in reward.rewards.items()]
+    return CompositeReward(
+        parts,
+        diversity_embedding=reward.diversity_embedding,
+        train_embedding=reward.train_embedding,
+        ensemble=reward.ensemble,
+        judge=judge,
     )
 
 

@@ -190,8 +190,7 @@ def showo_profile(
         learner_mfu = measured_mfu(image_px, pair_likelihood)[1]
     how = "measured on an H100, bench/bench_gpu.py 2026-11-27" if measured else "stated"
     image_pass = SHOWO_FLOPS.image_pass(tokens)
-    # reward: CLIP ViT-H-14 at 224 px, ~632M image-tower params x 257 tokens x 2, at 30 % MFU
-    clip = 2.0 * 632e6 * 257
+    clip = VIT_H14_IMAGE_FLOPS  # the reward: CLIP ViT-H-14 (maskgrpo_ray.reward_cost: a config's)
     return CostProfile(
         name=name,
         device=device,
@@ -216,6 +215,10 @@ def showo_profile(
         estimator=estimator,
         updates_per_batch=updates_per_batch,
     )
+
+
+VIT_H14_IMAGE_FLOPS = 2.0 * 632e6 * 257  # ViT-H-14 image tower at 224 px: ~632M params x 257 tokens
+"""The reward side of a config's own components: :mod:`maskgrpo_ray.reward_cost`."""
 
 
 # Built-in profiles by name (docs/simulation.md states each number's source).

@@ -241,6 +241,9 @@ def _places(cfg: Config) -> list[tuple[str, list[Any], str, HubField]]:
     for i, metric in enumerate(cfg.eval.metrics):
         for spec in METRIC_FIELDS.get(metric.kind, ()):
             out.append((f"eval.metrics[{i}].{spec.key}", ["eval", "metrics", i], spec.key, spec))
+    if cfg.eval.geneval is not None:  # the evaluation's GenEval scorer: the reward kind's fields
+        for spec in _reward_fields("geneval"):
+            out.append((f"eval.geneval.{spec.key}", ["eval", "geneval"], spec.key, spec))
     return out
 
 

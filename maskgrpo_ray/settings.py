@@ -131,6 +131,9 @@ class RewardSettings:
     # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
     train_embedding: str | None = None
     ensemble: EnsembleSpec | None = None  # reward.ensemble
+    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (None:
+    # not asked for, or a geneval component of the reward already gives it)
+    judge: RewardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,12 @@ def _reward_settings(cfg: Config) -> RewardSettings:
     ensemble = None
     if e is not None:
         ensemble = EnsembleSpec(tuple(e.members), e.rule, e.std_coef, e.weight)
-    return RewardSettings(specs, cfg.reward.diversity_embedding, _train_embedding(cfg), ensemble)
+    judge = None
+    if cfg.eval.geneval is not None and not any(s.kind == "geneval" for s in specs):
+        judge = RewardSpec("geneval", 0.0, cfg.eval.geneval.reward_args(), name="geneval_judge")
+    return RewardSettings(
+        specs, cfg.reward.diversity_embedding, _train_embedding(cfg), ensemble=ensemble, judge=judge
+    )
 
 
 def component_name(c: RewardComponent) -> str:

@@ -222,3 +222,41 @@ def test_plan_prices_a_checkpoint_at_the_runs_cadence(capsys):
     assert main(["plan", "--config", "configs/showo_512_clip.yaml", *sets]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("checkpoint: 20.27 GB") and "every 30." in line, line
+
+
+def test_the_reward_side_counts_a_configs_components_per_image():
+    from maskgrpo_ray.cost_model import PROFILES
+    from maskgrpo_ray.reward_cost import (
+        MASK2FORMER_SWIN_S_FLOPS,
+        VIT_L14_IMAGE_FLOPS,
+        reward_cost,
+        with_rewards,
+    )
+
+    peak = 989e12  # H100 SXM dense bf16 (cost_model.PEAK_BF16)
+    # Mask2Former Swin-S: 2 x 313 GFLOP (its paper's fvcore count at ~800 x 1067) x 0.75 for
+    # 800 x 800 (x 800 / 1067) = 4.6935e11; plus (94 + 2 x 100) / 553 = 0.5316 ViT-L-14 crops
+    assert pytest.approx(4.6935e11, rel=1e-4) == MASK2FORMER_SWIN_S_FLOPS
+    geneval = 4.6935e11 + 294 / 553 * 2 * 304e6 * 257  # of 2 x 304M x 257 each
+    assert VIT_L14_IMAGE_FLOPS == 2 * 304e6 * 257
+    seconds, text = reward_cost(["geneval"], "H100 SXM")
+    assert seconds == pytest.approx(geneval / (0.30 * peak), rel=1e-4)
+    both, _ = reward_cost(["clip", "geneval"], "H100 SXM")  # a composition: the sum
+    assert both == pytest.approx((geneval + 2 * 632e6 * 257) / (0.30 * peak), rel=1e-4)
+    toy, text = reward_cost(["toy_rules"], "H100 SXM")
+    assert toy == 0 and "not counted: ['toy_rules']" in text
+    base = PROFILES["showo_512_h100"]
+    p = with_rewards(base, ["geneval"])
+    assert p.reward_seconds_per_image == pytest.approx(seconds)
+    assert "Mask2Former Swin-S" in p.source and "CLIP ViT-H-14 at 30%" not in p.source
+    assert with_rewards(base, ["clip"]).reward_seconds_per_image == base.reward_seconds_per_image
+
+
+def test_plan_of_the_geneval_recipe_counts_its_reward(capsys):
+    from maskgrpo_ray.cli import main
+
+    assert main(["plan", "--config", "configs/showo_512_geneval.yaml", "--gpus", "16"]) == 0
+    out = capsys.readouterr().out
+    # 5.52e11 FLOP / (0.30 x 989e12) = 1.86 ms an image; 96 images a step = 0.18 GPU-s
+    assert "reward 1.86 GPU-ms" in out and "0.18 GPU-s a step" in out
+    assert "Mask2Former Swin-S" in out and "another model's paper" in out

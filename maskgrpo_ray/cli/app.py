@@ -145,12 +145,14 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     if not any(k.startswith("model.") for k in unfetched):
         check_model_files(cfg.model)
     check_diversity_spaces(cfg)  # reward.diversity_embedding, train.diversity: one line
-    specs = settings_from_config(cfg).reward.specs
+    reward = settings_from_config(cfg).reward
     fetched = [
         s
-        for i, s in enumerate(specs)
+        for i, s in enumerate(reward.specs)
         if not any(k.startswith(f"reward.components[{i}].") for k in unfetched)
     ]
+    if reward.judge is not None and not any(k.startswith("eval.geneval.") for k in unfetched):
+        fetched.append(reward.judge)  # eval.geneval's scorer
     check_reward_files(fetched)
     for key in sorted(unfetched):
         log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)

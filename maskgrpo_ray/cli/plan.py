@@ -33,6 +33,7 @@ from maskgrpo_ray.cost_model import (
     plan_split,
     showo_profile,
 )
+from maskgrpo_ray.reward_cost import with_rewards
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +108,7 @@ def _profile(args: argparse.Namespace) -> CostProfile:
 class Evidence(NamedTuple):
     """What the planned recipe is known to keep: the config's ``evidence``, or none."""
 
-    source: str  # "none" | "paper" | "proxy_toy" | "proxy_shapes"
+    source: str  # "none" | "paper" | "proxy_toy" | "proxy_shapes" | "other_model"
     line: str  # what the planner prints
     changed: list[str]  # --set keys that changed the recipe (the file's evidence then void)
 
@@ -160,7 +161,8 @@ def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload, Any]:
         profile = sim_settings(cfg.model).cost_profile()
     elif args.profile is None and cfg.model.kind == "showo":
         args.model, args.resolution = "showo", cfg.model.showo.resolution_px
-        profile = _profile(args)
+        kinds = [c.kind for c in cfg.reward.components]
+        profile = with_rewards(_profile(args), kinds)  # the config's reward side, per image
     elif args.profile is not None:
         profile = _profile(args)
     else:
@@ -264,8 +266,9 @@ def run(args: argparse.Namespace) -> int:
         f"({work.estimator or profile.estimator}); {mode}"
     )
     print(
-        f"per image: rollout r={c.r:.3f} GPU-s, learner l={c.l:.3f} GPU-s; weight sync "
-        f"W={c.sync_s:.3f} s per step"
+        f"per image: rollout r={c.r:.3f} GPU-s, learner l={c.l:.3f} GPU-s, reward "
+        f"{profile.reward_seconds_per_image * 1e3:.2f} GPU-ms (the reward actors', beside the "
+        f"rollouts: {c.reward_s:.2f} GPU-s a step); weight sync W={c.sync_s:.3f} s per step"
     )
     print("\n| rollout | learner | predicted img/s | of limit |\n|---|---|---|---|")
     for r, n, v in plan.table:

@@ -40,7 +40,7 @@ from maskgrpo_ray.config import (
     ToyModelConfig,
     TrainConfig,
 )
-from maskgrpo_ray.config.metrics import MetricSpec
+from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
 from maskgrpo_ray.config.run import MonitorsConfig
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
@@ -63,6 +63,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("learner", LearnerConfig),
     ("eval", EvalConfig),
     ("eval.metrics[]", MetricSpec),
+    ("eval.geneval", GenEvalJudgeConfig),
     ("logging", LoggingConfig),
     ("logging.monitors", MonitorsConfig),
     ("evidence", EvidenceConfig),

@@ -22,6 +22,7 @@ LABELS = {
     "paper": "paper",
     "proxy_toy": "proxy (toy)",
     "proxy_shapes": "proxy (shapes world)",
+    "other_model": "another model's paper",
 }
 """How the planner names each source: a proxy world's figures are never a real model's."""
 
@@ -29,11 +30,13 @@ LABELS = {
 class EvidenceConfig(Strict):
     """What the config's recipe is known to keep, measured where (``maskgrpo plan`` prints it)."""
 
-    source: Literal["none", "paper", "proxy_toy", "proxy_shapes"] = Field(
+    source: Literal["none", "paper", "proxy_toy", "proxy_shapes", "other_model"] = Field(
         "none",
         description="where the recipe's quality was measured: paper (the Mask-GRPO paper's own "
         "figure for this setting), proxy_toy / proxy_shapes (a paired figure on the embedded "
-        "toy world / the GenEval-shaped shapes world: a proxy, not the real model), none",
+        "toy world / the GenEval-shaped shapes world: a proxy, not the real model), "
+        "other_model (a published figure of the same reward on another model, not this "
+        "one), none",
     )
     quality: str = Field(
         "",

@@ -118,3 +118,35 @@ class MetricSpec(Strict):
     def label(self) -> str:
         """The metric's name in the report: ``name``, else ``kind``."""
         return self.name or self.kind
+
+
+DEFAULT_GENEVAL_DETECTOR = "hf://facebook/mask2former-swin-small-coco-instance"
+
+
+class GenEvalJudgeConfig(Strict):
+    """GenEval's scorer for the evaluation of a real model (``eval.geneval``): in the run and in
+    ``maskgrpo eval``, when the evaluation prompts carry GenEval metadata (docs/evaluation.md)."""
+
+    detector: str = Field(
+        DEFAULT_GENEVAL_DETECTOR,
+        description="the Mask2Former COCO-instance detector: a local transformers folder "
+        "(config.json, model.safetensors) or an hf:// id resolved before any actor starts",
+    )
+    colour_model: str = Field(
+        "ViT-L-14", description="open_clip architecture of the colour classifier (GenEval's)"
+    )
+    colour_pretrained: str | None = Field(
+        "openai",
+        description="open_clip tag (looked up in the Hugging Face cache) or a local checkpoint "
+        "of colour_model (GenEval's: openai)",
+    )
+    batch_size: int = Field(8, ge=1, description="images per detector forward pass")
+    detector_scale: tuple[int, int] = Field(
+        (1333, 800),
+        description="the detector's test resize limits [long side, short side] (mmdetection's "
+        "test pipeline, GenEval's; smaller only for tests)",
+    )
+
+    def reward_args(self) -> dict[str, Any]:
+        """The ``geneval`` reward kind's arguments for this scorer (0/1 correctness)."""
+        return {**self.model_dump(mode="json"), "terms": "correct"}

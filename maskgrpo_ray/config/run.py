@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from maskgrpo_ray.config.base import Strict
-from maskgrpo_ray.config.metrics import MetricSpec
+from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
 from maskgrpo_ray.trackers import TrackerName, check_args, check_installed
 
 
@@ -49,6 +49,13 @@ class EvalConfig(Strict):
         ge=1,
         description="prompts per evaluation work unit; a unit's seed depends on its index only, "
         "so the images are the same whatever the number of rollout actors",
+    )
+    geneval: GenEvalJudgeConfig | None = Field(
+        None,
+        description="GenEval's scorer (Mask2Former + CLIP colours + GenEval's rule) for a real "
+        "model's evaluation, in the run and in `maskgrpo eval`: with GenEval metadata on the "
+        "evaluation prompts, eval_accuracy is GenEval's correctness, per tag and "
+        "eval_accuracy/tag_mean (GenEval's overall); {} takes the defaults (docs/evaluation.md)",
     )
 
 

@@ -100,13 +100,23 @@ def adapter_overrides(sources: list[str], config: Path | None, overrides: list[s
     return [f"model.lora={json.dumps(settings)}"]
 
 
+def check_files(cfg: Any, specs: list[Any]) -> None:
+    """Every metric's files, and those of GenEval's scorer (``eval.geneval``), are here."""
+    from maskgrpo_ray.evaluation.metric_files import check_metric_files
+    from maskgrpo_ray.rewards.base import RewardSpec, check_reward_files
+
+    for k, ms in enumerate(specs):
+        check_metric_files(ms, f"eval.metrics[{k}]")
+    if cfg.eval.geneval is not None:
+        check_reward_files([RewardSpec("geneval", 0.0, cfg.eval.geneval.reward_args())])
+
+
 def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Everything checked before an actor starts: config, prompts and metadata, metric files,
     weights. Raises ConfigError / ValueError / FileNotFoundError with the field and the fix."""
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.config.metrics import MetricSpec
     from maskgrpo_ray.data import load_prompt_records
-    from maskgrpo_ray.evaluation.metric_files import check_metric_files
     from maskgrpo_ray.evaluation.runner import ModelSource, geneval_metadata
     from maskgrpo_ray.evaluation.weights import resolve_weights
     from maskgrpo_ray.hub import resolve_config
@@ -137,8 +147,7 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             f"eval.metrics / --metric: the labels {repeated} repeat; give each metric of the "
             "same kind its own name=..."
         )
-    for k, ms in enumerate(specs):
-        check_metric_files(ms, f"eval.metrics[{k}]")
+    check_files(cfg, specs)
     sources = []
     for label, source in models:
         state, desc = resolve_weights(source, cfg, scratch)

@@ -109,12 +109,7 @@ _PROCESSOR_FILES = (
     ("preprocessor_config.json", "processor_config.json"),
     ("tokenizer.json", "vocab.json"),
 )
-_HF_WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")  # never a pickle
 
 
 def _check_imagereward_tokenizer(spec: MetricSpec, where: str) -> None:

@@ -96,53 +96,23 @@ class ImageRewardScore:
 
 class PickScore:
     """PickScore ``exp(logit_scale) * cos(image, text)`` [N] of a Hugging Face ``CLIPModel``
-    (PickScore_v1's model card), with its processor's resizing, cropping and tokenizer."""
+    (PickScore_v1's model card), with its processor's resizing, cropping and tokenizer, in
+    float32 (:class:`maskgrpo_ray.rewards.pickscore.PickScoreModel`, which the ``pickscore``
+    reward kind runs too)."""
 
     higher_is_better = True
 
     def __init__(self, spec: MetricSpec, device: torch.device) -> None:
-        from transformers import AutoProcessor, CLIPModel
+        from maskgrpo_ray.rewards.pickscore import PickScoreModel
 
-        self.name, self.device, self.batch_size = spec.label, device, spec.batch_size
-        folder = str(spec.weights)
-        self.processor = AutoProcessor.from_pretrained(
-            spec.processor or folder, local_files_only=True
+        self.name = spec.label
+        self.scorer = PickScoreModel(
+            str(spec.weights), spec.processor, device, torch.float32, spec.batch_size
         )
-        model = CLIPModel.from_pretrained(folder, local_files_only=True)
-        self.model = model.eval().requires_grad_(False).to(device, torch.float32)
 
-    def _unit(self, feats: Any) -> torch.Tensor:
-        # transformers 5 returns an output object whose pooler_output is the projection
-        x = feats if isinstance(feats, torch.Tensor) else feats.pooler_output
-        return x.float() / x.float().norm(dim=-1, keepdim=True)
-
-    @torch.inference_mode()
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        from PIL import Image
-
         check_reward_inputs(images, prompts)
-        position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
-        unique = list(position)
-        index = torch.tensor([position[p] for p in prompts], dtype=torch.long)  # [N]
-        text = []
-        for s in range(0, len(unique), self.batch_size):
-            tokens = self.processor(
-                text=unique[s : s + self.batch_size],
-                padding=True,
-                truncation=True,
-                max_length=77,
-                return_tensors="pt",
-            ).to(self.device)
-            text.append(self._unit(self.model.get_text_features(**tokens)))  # [p, D]
-        txt = torch.cat(text) if text else torch.zeros(0)  # [P, D]
-        out = []
-        for s in range(0, images.shape[0], self.batch_size):
-            pil = [Image.fromarray(a) for a in images[s : s + self.batch_size].numpy()]
-            px = self.processor(images=pil, return_tensors="pt")["pixel_values"]
-            img = self._unit(self.model.get_image_features(pixel_values=px.to(self.device)))
-            out.append((img * txt[index[s : s + self.batch_size].to(self.device)]).sum(-1))
-        scale = self.model.logit_scale.float().exp()
-        return (scale * torch.cat(out)).cpu() if out else torch.zeros(0)  # [N]
+        return self.scorer(images, prompts)  # [N]
 
 
 def build_sample_metric(

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +180,8 @@ def scorers(
     reward = build_reward_from_settings(settings.reward, device)
 
     def training_reward(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
-        return unit_rewards(reward, batch)
+        table = dict(zip(prompts, metas, strict=True)) if metas is not None else None
+        return unit_rewards(reward, batch, table)  # a reward that reads metadata gets it
 
     out: dict[str, SampleScorer] = {"reward": training_reward}  # with the diversity figures
     geneval_rule = entry_for(cfg.model).geneval_rule
@@ -191,6 +192,8 @@ def scorers(
             return rule(batch.images, metas)
 
         out["geneval"] = geneval
+    elif cfg.eval.geneval is not None and metas_known:  # a real model: GenEval's scorer
+        out["geneval"] = geneval_scorer(cfg.eval.geneval, device)
     count = ceiling_counter(cfg.model)
     if count is not None:  # the world knows each prompt's correct images: distinct's ceiling
 
@@ -208,6 +211,20 @@ def scorers(
 
         out[metric.name] = per_sample
     return out
+
+
+def geneval_scorer(judge: Any, device: torch.device) -> SampleScorer:
+    """``geneval``: GenEval's 0/1 correctness of each image from the in-process scorer
+    (``eval.geneval``; :class:`maskgrpo_ray.rewards.geneval.GenEvalReward`), NaN where its
+    metadata cannot be judged."""
+    from maskgrpo_ray.rewards.geneval import GenEvalReward
+
+    scorer = GenEvalReward(**judge.reward_args(), device=device)
+
+    def geneval(batch: RolloutBatch, prompts: list[str], metas: Any) -> dict:
+        return {"geneval": scorer.accuracy(batch.images, prompts, metas)}
+
+    return geneval
 
 
 # ----------------------------------------------------------------------------- the run
@@ -365,4 +382,8 @@ def run_eval(
         out, evals, run_rows=run_rows, extra={"means": table, "settings": settings_info}
     )
     (out / "summary.json").write_text(json.dumps(report["means"], indent=2) + "\n")
+    with open(out / "samples.jsonl", "w") as f:  # per image: its scores beside its file
+        for me in evals:
+            for s in me.samples:
+                f.write(json.dumps({"model": me.label, **asdict(s)}) + "\n")
     return report

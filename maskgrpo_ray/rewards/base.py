@@ -155,6 +155,8 @@ class CompositeReward:
             (:mod:`maskgrpo_ray.diversity`).
         train_embedding: the part whose ``embed`` ``train.diversity``'s own figures
             (``diversity_train/*``) are measured in; None: it reads the reported ones.
+        judge: a reward that is no part of the sum, whose ``accuracy`` is the composite's
+            (the evaluation's GenEval scorer, ``eval.geneval``); None: a part's ``accuracy``.
     """
 
     name = "total"
@@ -166,7 +168,9 @@ class CompositeReward:
         diversity_embedding: str | None = None,
         train_embedding: str | None = None,
         ensemble: EnsembleSpec | None = None,
+        judge: Reward | None = None,
     ) -> None:
+        self.judge = judge
         if not parts:
             raise ValueError("CompositeReward needs at least one reward")
         names = [r.name for r, _ in parts]
@@ -224,8 +228,9 @@ class CompositeReward:
         return self.score(images, prompts)[0]
 
     def stats(self) -> dict[str, float]:
-        """Every part's counters, keyed ``"<name>/<counter>"``."""
-        return {f"{n}/{k}": v for n, r in self.rewards.items() for k, v in reward_stats(r).items()}
+        """Every part's counters (and the judge's), keyed ``"<name>/<counter>"``."""
+        named = {**self.rewards, **({self.judge.name: self.judge} if self.judge else {})}
+        return {f"{n}/{k}": v for n, r in named.items() for k, v in reward_stats(r).items()}
 
 
 # --------------------------------------------------------------------------- factory
@@ -239,6 +244,8 @@ _TAKES_DEVICE: set[str] = set()
 _BUILTIN_KIND_MODULES = {
     "clip": "maskgrpo_ray.rewards.clip",
     "imagereward": "maskgrpo_ray.rewards.imagereward",
+    "geneval": "maskgrpo_ray.rewards.geneval",
+    "pickscore": "maskgrpo_ray.rewards.pickscore",
     "toy_rules": "maskgrpo_ray.worlds.toy.rewards",
     "toy_geneval": "maskgrpo_ray.worlds.toy.rewards",
     "shapes_clip": "maskgrpo_ray.worlds.shapes.rewards",

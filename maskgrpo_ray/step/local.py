@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
+from maskgrpo_ray.build import attach_judge
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import Traffic
 from maskgrpo_ray.evaluation.generation import evaluate_rewards, generate_unit, grid_unit
@@ -56,6 +57,7 @@ class LocalExecutor:
         )
         self.policy_version = 0
         self.prompt_meta: dict[str, Any] | None = None
+        self._eval_reward: Any = None
 
     def set_prompt_metadata(self, table: dict[str, Any]) -> None:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
@@ -128,8 +130,11 @@ class LocalExecutor:
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None
     ) -> dict[str, float]:
+        if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
+            device = next(self.policy.parameters()).device
+            self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
         return evaluate_rewards(
-            self.policy, self.reward, prompts, self.settings.eval, tags, self.prompt_meta
+            self.policy, self._eval_reward, prompts, self.settings.eval, tags, self.prompt_meta
         )
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:

@@ -284,7 +284,11 @@ def reward_failure_metrics(failures: dict[str, dict[str, int]]) -> dict[str, flo
 
 
 def accuracy_fn(reward: Any) -> Any:
-    """The 0/1 correctness function of a reward (or of a composite's part), if it has one."""
+    """The 0/1 correctness function of a reward: its judge's (``CompositeReward.judge``, the
+    evaluation's GenEval scorer), its own, or a composite part's, if it has one."""
+    judge = getattr(reward, "judge", None)
+    if judge is not None:
+        return judge.accuracy
     if hasattr(reward, "accuracy"):
         return reward.accuracy
     for part in getattr(reward, "rewards", {}).values():
