@@ -239,10 +239,20 @@ def test_the_reward_side_counts_a_configs_components_per_image():
     assert pytest.approx(4.6935e11, rel=1e-4) == MASK2FORMER_SWIN_S_FLOPS
     geneval = 4.6935e11 + 294 / 553 * 2 * 304e6 * 257  # of 2 x 304M x 257 each
     assert VIT_L14_IMAGE_FLOPS == 2 * 304e6 * 257
+    # GenEval at the H100's measured seconds (bench/bench_reward_gpu.py): Mask2Former 13.76 ms
+    # at 800 px, 32 a batch, plus 0.5316 ViT-L-14 crops at 0.58 ms
+    measured = 13.76e-3 + 294 / 553 * 0.58e-3
     seconds, text = reward_cost(["geneval"], "H100 SXM")
-    assert seconds == pytest.approx(geneval / (0.30 * peak), rel=1e-4)
+    assert seconds == pytest.approx(measured, rel=1e-9)
+    assert "measured on an H100" in text
+    # at a stated MFU instead, the FLOP count alone
+    stated, _ = reward_cost(["geneval"], "H100 SXM", mfu=0.30)
+    assert stated == pytest.approx(geneval / (0.30 * peak), rel=1e-4)
+    # another device: the same efficiency at its own peak (A100: 312 TFLOP/s dense bf16)
+    a100, _ = reward_cost(["geneval"], "A100")
+    assert a100 == pytest.approx(measured * 989e12 / 312e12, rel=1e-9)
     both, _ = reward_cost(["clip", "geneval"], "H100 SXM")  # a composition: the sum
-    assert both == pytest.approx((geneval + 2 * 632e6 * 257) / (0.30 * peak), rel=1e-4)
+    assert both == pytest.approx(measured + 2 * 632e6 * 257 / (0.30 * peak), rel=1e-4)
     toy, text = reward_cost(["toy_rules"], "H100 SXM")
     assert toy == 0 and "not counted: ['toy_rules']" in text
     base = PROFILES["showo_512_h100"]
@@ -257,6 +267,6 @@ def test_plan_of_the_geneval_recipe_counts_its_reward(capsys):
 
     assert main(["plan", "--config", "configs/showo_512_geneval.yaml", "--gpus", "16"]) == 0
     out = capsys.readouterr().out
-    # 5.52e11 FLOP / (0.30 x 989e12) = 1.86 ms an image; 96 images a step = 0.18 GPU-s
-    assert "reward 1.86 GPU-ms" in out and "0.18 GPU-s a step" in out
+    # measured on an H100: 13.76 ms + 0.5316 x 0.58 ms = 14.07 ms an image; 96 a step = 1.35 GPU-s
+    assert "reward 14.07 GPU-ms" in out and "1.35 GPU-s a step" in out
     assert "Mask2Former Swin-S" in out and "another model's paper" in out
