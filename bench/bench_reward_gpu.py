@@ -9,7 +9,7 @@ fetched on the GPU machine; the arithmetic is the same as with trained ones):
 
 * ``clip``: open_clip ``ViT-H-14`` and ``ViT-L-14`` image towers at 224 px, batches of 6, 24
   and 96 images, under bf16 autocast and in float32;
-* ``detector``: transformers' ``Mask2FormerForUniversalSegmentation`` with a Swin-S backbone
+* ``detector``: Mask2Former (the scorer's module, ``rewards.geneval_detector``) with a Swin-S backbone
   (embed 96, depths 2-2-18-2, heads 3-6-12-24, window 7) at 512 px (Show-o's images as they
   are) and 800 px (the evaluator's mmdetection test resize of a 512 px image: shorter side 800),
   batches of 1, 8 and 32, float32 (as the evaluator runs it) and bf16 autocast.
@@ -94,7 +94,14 @@ def bench_clip(args: argparse.Namespace, device: torch.device) -> list[dict[str,
 
 
 def swin_s_mask2former(smoke: bool) -> Any:
-    from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation, SwinConfig
+    """The scorer's own module (``rewards.geneval_detector``: Mask2Former's inference half,
+    without the training loss that needs scipy) at Swin-S size (or tiny, ``smoke``).
+    The H100 figures in docs/gpu.md were taken with transformers'
+    ``Mask2FormerForUniversalSegmentation``, whose inference forward adds only the class head
+    on the intermediate decoder layers."""
+    from transformers import Mask2FormerConfig, SwinConfig
+
+    from maskgrpo_ray.rewards.geneval_detector import _Mask2Former
 
     if smoke:
         backbone = SwinConfig(
@@ -126,7 +133,7 @@ def swin_s_mask2former(smoke: bool) -> Any:
             out_features=["stage1", "stage2", "stage3", "stage4"],
         )
         cfg = Mask2FormerConfig(backbone_config=backbone, num_labels=80, num_queries=100)
-    return Mask2FormerForUniversalSegmentation(cfg)
+    return _Mask2Former(cfg)
 
 
 def bench_detector(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
@@ -142,7 +149,7 @@ def bench_detector(args: argparse.Namespace, device: torch.device) -> list[dict[
 
                 def call(x: torch.Tensor = x, dtype: str = dtype) -> Any:
                     with _autocast(device, dtype):
-                        return model(pixel_values=x)
+                        return model(x)
 
                 try:
                     s, reps = _time(call, device, args.min_time_s)
