@@ -85,6 +85,7 @@ class UpdateSettings:
     anchor_coef: float = 0.0  # beta of their k3 (per transition)
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
     auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
+    shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ def _update_settings(cfg: Config, forward: ForwardSettings | None) -> UpdateSett
         anchor_coef=t.anchor_kl_coef,
         autocast=cfg.learner.autocast,
         auto_margin=t.unmasking_step_auto_margin,
+        shrinkage=t.trajectory_shrinkage,
     )
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import fetch_rollout
 from maskgrpo_ray.evaluation.generation import ceiling_figures
@@ -46,6 +44,7 @@ from maskgrpo_ray.step.recovery import (
     RunFailed,
     StepAbandoned,
 )
+from maskgrpo_ray.step.staleness import check_rollout, onpolicy_check
 from maskgrpo_ray.step.step_signal import StepSignalProbe
 from maskgrpo_ray.types import TrainBatch, tensor_nbytes
 
@@ -98,23 +97,30 @@ def run_step(
     row.update(collected_figures(col))
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
+    keep = None
     if col.kept is not None:
-        keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
+        keep = check_rollout(col.kept.rollout, ex.policy_version, cfg, step, row)
+    if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, advantage_settings(cfg))
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
             row.update(ex.update(tb))
+        onpolicy_check(row, step, cfg.train.onpolicy_ratio_tolerance)
         row["groups_trained"] = float(keep.sum())
-        row["prompts_trained"] = list(col.kept.rollout.prompt_indices)  # per-prompt accounting
+        indices = col.kept.rollout.prompt_indices
+        row["prompts_trained"] = [p for p, k in zip(indices, keep.tolist()) if k]
     else:
         row["groups_trained"], row["prompts_trained"] = 0.0, []
-        log.warning("step %d: no group survived scoring and filtering; update skipped", step)
+        log.warning(
+            "step %d: no group survived scoring, filtering and the staleness check; update skipped",
+            step,
+        )
     if cfg.rollout.max_policy_lag == 1:  # lag 1 is exact: no rollout sees the new weights
         with timer("wait_rollouts_ahead"):
             source.wait(queue[-1] if queue else None)
-    if col.kept is not None:
+    if keep is not None and bool(keep.any()):
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
     grid = None

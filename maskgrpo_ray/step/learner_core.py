@@ -23,7 +23,12 @@ from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, sel
 from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
-from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pad_loss
+from maskgrpo_ray.step.learner_loss import (
+    Anchor,
+    accumulate_gradients,
+    pad_loss,
+    shrunk_old_log_probs,
+)
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -303,11 +308,20 @@ def apply_update(
 
     Returns:
         The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
-        ``abs_log_ratio_*`` spread (the behaviour policy against the learner before this
-        batch's updates) and ``learning_rate``.
+        ``abs_log_ratio_*`` spread and ``first_ratio_abs_dev_max`` (the behaviour policy against
+        the learner before this batch's updates) and ``learning_rate``.
     """
     opt.set_learning_rate(plan.learning_rate)
     opt.module.train()
+    if s.shrinkage > 1 and batch.estimator == "trajectory":
+        batch = shrunk_old_log_probs(
+            opt.module,
+            batch,
+            _distinct([plan.units_for_pass(i) for i in range(s.updates_per_batch)]),
+            micro_batch=s.micro_batch_pairs,
+            shrinkage=s.shrinkage,
+            autocast=s.autocast,
+        )
     metrics: dict[str, Any] = {}
     first: dict[str, float] = {}
     for i in range(s.updates_per_batch):
@@ -315,9 +329,22 @@ def apply_update(
             opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward
         )
         if i == 0:
-            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
+            first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
     opt.module.eval()
     return {**metrics, **first, "learning_rate": plan.learning_rate}
+
+
+# the metrics apply_update reports from its first pass: against the rollout's log-probs
+FIRST_PASS = ("abs_log_ratio", "first_ratio_abs_dev_max")
+
+
+def _distinct(unit_sets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The passes' unit sets without repeats (in order)."""
+    out: list[torch.Tensor] = []
+    for u in unit_sets:
+        if not any(u.shape == v.shape and torch.equal(u, v) for v in out):
+            out.append(u)
+    return out
 
 
 def anchor_of(s: UpdateSettings) -> Anchor | None:
@@ -368,6 +395,7 @@ def _optimizer_step(
         guards=s.guards,
         autocast=s.autocast,
         anchor=anchor_of(s),
+        shrinkage=s.shrinkage,
     )
 
     def replay() -> torch.Tensor | None:
@@ -377,6 +405,7 @@ def _optimizer_step(
             train_steps=units,
             micro_batch=s.micro_batch_pairs,
             autocast=s.autocast,
+            shrinkage=s.shrinkage,
         )
 
     for _ in range(num_backward - calls[0]):
