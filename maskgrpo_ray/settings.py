@@ -38,6 +38,7 @@ class RolloutSettings:
     remask_likelihood: str  # "marginal" | "eq14"
     sampler: str  # "showo" | "ancestral"
     forward: ForwardSettings | None  # None: the trajectory estimator
+    step_agreement: bool = False  # record it (train.unmasking_step_selection critical)
 
     def kwargs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: keeps forward
@@ -221,6 +222,7 @@ def _rollout_settings(cfg: Config) -> RolloutSettings:
         group_size=r.samples_per_prompt,
         num_steps=r.unmasking_steps,
         forward=_forward_settings(cfg),
+        step_agreement=cfg.train.unmasking_step_selection == "critical",
     )
 
 

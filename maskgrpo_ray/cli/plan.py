@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
         f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
-        f"S={work.unmasking_steps}, {work.pairs_per_sample} trained pairs per sample "
+        f"S={work.unmasking_steps}, {work.pairs_per_sample:g} trained pairs per sample "
         f"({work.estimator or profile.estimator}); {mode}"
     )
     print(

@@ -19,7 +19,12 @@ from typing import Any, Protocol
 
 import torch
 
-from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, select_train_steps
+from maskgrpo_ray.algo.grpo import (
+    PER_GROUP_SELECTIONS,
+    critical_steps,
+    select_group_steps,
+    select_train_steps,
+)
 from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
@@ -112,10 +117,15 @@ class UpdatePlan:
     cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
     # [N, K] long: per-sample units (group_random: a group's rows alike); None: train_steps
     sample_units: torch.Tensor | None = None
+    # k > 0: each sample's k critical steps, read from the batch's record on the rank that
+    # trains it (:meth:`resolved`)
+    critical: int = 0
 
     @property
     def units_per_pass(self) -> int:
         """Units each optimizer update (pass over the batch) trains, per sample."""
+        if self.critical:
+            return self.critical
         if self.sample_units is not None:
             return int(self.sample_units.shape[1])
         return 1 if self.cycle else len(self.train_steps)
@@ -129,6 +139,19 @@ class UpdatePlan:
             return self.train_steps
         k = i % len(self.train_steps)
         return self.train_steps[k : k + 1]
+
+    def resolved(self, batch: TrainBatch) -> UpdatePlan:
+        """The plan with its per-sample critical steps read from ``batch`` (this rank's
+        samples' ``step_agreement``; ``algo.grpo.critical_steps``); other plans as they are."""
+        if not self.critical:
+            return self
+        if batch.step_agreement is None:
+            raise ValueError(
+                "unmasking_step_selection critical needs the rollout's step_agreement; the "
+                "rollout did not record it (RolloutSettings.step_agreement)"
+            )
+        units = critical_steps(batch.step_agreement, self.critical)  # [N, K]
+        return replace(self, sample_units=units, critical=0)
 
     def rows(self, start: int, stop: int) -> UpdatePlan:
         """The plan of samples ``start .. stop - 1`` (a learner rank's share of the batch)."""
@@ -201,6 +224,8 @@ class UpdatePlanner:
             return UpdatePlan(torch.arange(0), lr, s.cycle_units, units)
         if s.step_selection == "auto":
             return UpdatePlan(self._auto(), lr, s.cycle_units)
+        if s.step_selection == "critical":  # per sample, from each rank's own record
+            return UpdatePlan(torch.arange(0), lr, critical=s.steps_trained)
         steps = select_train_steps(
             s.num_steps,
             s.step_selection,
@@ -313,6 +338,7 @@ def apply_update(
     """
     opt.set_learning_rate(plan.learning_rate)
     opt.module.train()
+    plan = plan.resolved(batch)
     if s.shrinkage > 1 and batch.estimator == "trajectory":
         batch = shrunk_old_log_probs(
             opt.module,
