@@ -322,10 +322,10 @@ def _advance(
         row = loop.step(at.step, stop)
     at = loop.redo = RunCursor(at.step + 1, at.saved)
     if (loop.cadence.at_step(at.step) or loop.cadence.time_due()) and not loop.pending:
-        t0 = time.monotonic()
         ckpts.save(at.step, loop.base, loop.totals)
         loop.cadence.saved()
-        stop.save_s = max(stop.save_s, time.monotonic() - t0)
+        # what a checkpoint before exit needs: a whole write (the last one finished)
+        stop.save_s = max(stop.save_s, ckpts.writer.last_write_s, ckpts.writer.last_snapshot_s)
         at = RunCursor(at.step, at.step)
     if on_step_end is not None:
         on_step_end(at.step - 1, row)
@@ -390,6 +390,7 @@ def _run(
     finally:
         stop.uninstall()
         loop.source.shutdown()
+        ckpts.flush()  # a background write finishes (or raises) before the run ends
     if stop.requested:
         resume_at = saved_step
         if not abandoned:
@@ -417,7 +418,8 @@ def _run(
         )
         return summary
     if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
-        ckpts.save(next_step, loop.base, loop.totals)
+        ckpts.save(next_step, loop.base, loop.totals, wait=True)
+    ckpts.flush()
     return _finish(loop, run_dir, start_step, t_start)
 
 
