@@ -142,6 +142,8 @@ def run_job(job: Job) -> dict[str, Any]:
         "update_seconds": _mean(r.get("time/update") for r in rows),
         "generate_seconds": _mean(r.get("time/generate_score") for r in rows),
         "step_seconds": _mean(r.get("step_seconds") for r in rows),
+        # the learner's model input rows per image and update (NaN in records made before it)
+        "forward_passes_per_sample": _mean(r.get("forward_passes_per_sample") for r in rows),
     }
 
 

@@ -174,14 +174,21 @@ class LearnerGroup:
         return ray.get([w.trained_state.remote() for w in self.workers], timeout=self.timeout_s)
 
     def save(self, folder: str) -> None:
-        """Every rank's DeepSpeed checkpoint files under ``folder`` on the driver's machine.
+        """Every rank's DeepSpeed checkpoint files under ``folder`` on the driver's machine:
+        :meth:`snapshot`, then :meth:`write_snapshot`."""
+        self.write_snapshot(folder, self.snapshot())
 
-        Each rank writes on its own node and hands the files back as object-store chunks
-        (``LearnerWorker.save``); they are written here one chunk at a time, so the driver
-        holds at most one chunk in memory. A file two ranks both wrote must be identical.
-        """
+    def snapshot(self) -> list[dict[str, list[ray.ObjectRef]]]:
+        """Each rank's DeepSpeed checkpoint files as object-store chunks (``LearnerWorker.save``:
+        written on the rank's node, read back into the object store): host memory that the
+        training no longer touches, which :meth:`write_snapshot` may write later."""
+        return self.gather([w.save.remote() for w in self.workers], "a checkpoint save")
+
+    def write_snapshot(self, folder: str, per_rank: list[dict[str, list[ray.ObjectRef]]]) -> None:
+        """:meth:`snapshot`'s files under ``folder``, one chunk at a time (the driver holds at
+        most one chunk in memory); a file two ranks both wrote must be identical. Safe on a
+        background thread (``ray.get`` only)."""
         root = Path(folder)
-        per_rank = self.gather([w.save.remote() for w in self.workers], "a checkpoint save")
         digests: dict[str, str] = {}
         for rank, files in enumerate(per_rank):
             for rel, chunks in files.items():

@@ -268,6 +268,10 @@ def resolve_profile(spec: str | Mapping[str, Any]) -> CostProfile:
 _DEFAULTED = {f.name for f in fields(CostProfile) if f.default is not MISSING}
 
 
+# a forward pass without backward, in forward-backward passes (backward ~ 2 forwards)
+RECOMPUTE_SHARE = 1.0 / 3.0
+
+
 @dataclass(frozen=True)
 class Workload:
     """What one step does: ``B`` prompts of ``G`` samples, ``S`` unmasking steps, and the
@@ -280,14 +284,26 @@ class Workload:
     updates_per_batch: int = 1
     scoring_passes: int = 0  # rollout passes per image after the S steps (forward: K old log-probs)
     estimator: str = ""  # the config's ("trajectory" | "forward"); "" when from a profile
+    shrinkage: int = 1  # s, trajectory shrinkage: units scored per forward pass
 
     @property
     def images(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt
 
     @property
-    def pairs_per_sample(self) -> int:
-        return self.units_per_sample * self.updates_per_batch
+    def forward_passes_per_sample(self) -> int:
+        """The learner's forward-backward passes per sample and pass over the batch: the units,
+        or ``ceil(units / s)`` blocks under trajectory shrinkage."""
+        return math.ceil(self.units_per_sample / self.shrinkage)
+
+    @property
+    def pairs_per_sample(self) -> float:
+        """Learner work per sample in (sample, unit) pairs' forward-backward passes: the passes
+        times the inner updates; under shrinkage, plus the no-grad recomputation of the old
+        log-probs (``RECOMPUTE_SHARE`` of a pair per block)."""
+        passes = self.forward_passes_per_sample
+        recompute = passes * RECOMPUTE_SHARE if self.shrinkage > 1 else 0.0
+        return passes * self.updates_per_batch + recompute
 
     @staticmethod
     def of_profile(p: CostProfile) -> Workload:
@@ -339,6 +355,7 @@ def workload_of(cfg: Any) -> Workload:
         updates_per_batch=up.updates_per_batch,
         scoring_passes=cfg.likelihood.forward.mask_draws if forward else 0,
         estimator=cfg.likelihood.estimator,
+        shrinkage=up.shrinkage,
     )
 
 

@@ -38,6 +38,7 @@ class RolloutSettings:
     remask_likelihood: str  # "marginal" | "eq14"
     sampler: str  # "showo" | "ancestral"
     forward: ForwardSettings | None  # None: the trajectory estimator
+    step_agreement: bool = False  # record it (train.unmasking_step_selection critical)
 
     def kwargs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: keeps forward
@@ -85,6 +86,7 @@ class UpdateSettings:
     anchor_coef: float = 0.0  # beta of their k3 (per transition)
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
     auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
+    shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ def _rollout_settings(cfg: Config) -> RolloutSettings:
         group_size=r.samples_per_prompt,
         num_steps=r.unmasking_steps,
         forward=_forward_settings(cfg),
+        step_agreement=cfg.train.unmasking_step_selection == "critical",
     )
 
 
@@ -270,6 +273,7 @@ def _update_settings(cfg: Config, forward: ForwardSettings | None) -> UpdateSett
         anchor_coef=t.anchor_kl_coef,
         autocast=cfg.learner.autocast,
         auto_margin=t.unmasking_step_auto_margin,
+        shrinkage=t.trajectory_shrinkage,
     )
 
 

@@ -79,6 +79,10 @@ def _check_record(b: Any) -> None:
             b.unmask_step is not None and b.unmask_step.shape == b.final_tokens.shape,
             "unmask_step must match final_tokens [N, L] (trajectory estimator)",
         )
+        _check(
+            b.step_agreement is None or b.step_agreement.shape == (n, u),
+            f"step_agreement must be [N={n}, S={u}] (critical step selection)",
+        )
     elif b.estimator == "forward":
         _check(
             b.mask_seed is not None and b.mask_seed.shape == (n,),
@@ -130,6 +134,9 @@ class RolloutBatch:
     mask_counts: torch.Tensor | None = None  # [N, K] long, forward: tokens each draw masks
     forward_reduction: str = "mean"  # forward: "mean" | "sum" over the masked positions
     forward_coupling: str = "none"  # forward: "complementary": draws 2j, 2j+1 complementary
+    # [N, S] float32, share of the L tokens where step t's prediction (committed tokens kept)
+    # equals the final sample (train.unmasking_step_selection critical only)
+    step_agreement: torch.Tensor | None = None
 
     def without_images(self) -> RolloutBatch:
         """The same rollout with ``images`` emptied to ``[N, 0, 0, 3]`` (what the driver needs:
@@ -195,6 +202,7 @@ class RolloutBatch:
             images=self.images[rows],
             mask_seed=_rows(self.mask_seed, rows),
             mask_counts=_rows(self.mask_counts, rows),
+            step_agreement=_rows(self.step_agreement, rows),
         )
 
     @staticmethod
@@ -350,6 +358,7 @@ class TrainBatch:
     mask_counts: torch.Tensor | None = None  # [N, K] long (forward estimator)
     forward_reduction: str = "mean"
     forward_coupling: str = "none"
+    step_agreement: torch.Tensor | None = None  # [N, S] float32 (critical step selection)
 
     @property
     def num_samples(self) -> int:
@@ -376,6 +385,7 @@ class TrainBatch:
             mask_counts=rb.mask_counts,
             forward_reduction=rb.forward_reduction,
             forward_coupling=rb.forward_coupling,
+            step_agreement=rb.step_agreement,
         ).validate()
 
     def validate(self) -> TrainBatch:
@@ -399,6 +409,7 @@ class TrainBatch:
         "advantages",
         "mask_seed",
         "mask_counts",
+        "step_agreement",
     )  # the fields with one row per sample
 
     def rows(self, start: int, stop: int) -> TrainBatch:

@@ -50,6 +50,9 @@ SAME_GROUPS = (  # what a step generated, decided and trained on: equal exactly
     "prompts_trained",
     "policy_version",
     "policy_version_lag",
+    "staleness/lag_mean",  # the staleness checks: the driver's, the same on either backend
+    "staleness/lag_max",
+    "staleness/samples_dropped",
     "filter_seen",
     "filter_dropped",
 )
@@ -123,6 +126,10 @@ def test_ray_run_equals_the_local_run(tmp_path, monkeypatch, lag, extra):
     assert any("monitor/drift/dark" in r for r in a) and "probe/judge" in a[2]
     if extra:
         assert all("agreement/s_vs_c" in r for r in a)
+    # the on-policy check: at the same steps (lag 0) on both backends, the ratio 1 in both
+    on = "onpolicy/first_ratio_max_abs_dev"
+    assert [on in r for r in a] == [on in r for r in b] == [True] + [not lag] * 3
+    assert all(r[on] < 1e-5 for r in a + b if on in r)
     # lag 1: every step after the first trains on rollouts one version behind
     assert [r["policy_version_lag"] for r in a] == ([0, 1, 1, 1] if lag else [0, 0, 0, 0])
     wa = load_file(str(local / "final_policy.safetensors"))
@@ -153,6 +160,7 @@ def test_local_lag_two_trains_two_versions_behind(tmp_path):
     step trains on rollouts exactly two versions old; every prompt is trained at most once."""
     rows = _rows(_run(tmp_path, "local", 2))
     assert [r["policy_version_lag"] for r in rows] == [0, 1, 2, 2]
+    assert [r["staleness/lag_max"] for r in rows] == [0, 1, 2, 2]
     assert [r["policy_version"] for r in rows] == [0, 1, 2, 3]
     trained = [p for r in rows for p in r["prompts_trained"]]
     assert len(trained) == len(set(trained)) > 0
@@ -169,6 +177,10 @@ def test_ray_lag_two_never_waits_and_stays_within_two_versions(tmp_path, monkeyp
     rows = _rows(_run(tmp_path, "ray", 2))
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(0 <= r["policy_version_lag"] <= 2 for r in rows)
+    # per chunk: the worst lag is the batch's, nothing dropped, the on-policy check at step 0
+    assert all(r["staleness/lag_max"] == r["policy_version_lag"] for r in rows)
+    assert all(r["staleness/samples_dropped"] == 0 for r in rows)
+    assert rows[0]["onpolicy/first_ratio_max_abs_dev"] < 1e-5
     assert rows[0]["policy_version_lag"] == 0 and max(r["policy_version_lag"] for r in rows) >= 1
     trained = [p for r in rows for p in r["prompts_trained"]]
     assert len(trained) == len(set(trained)) > 0

@@ -35,9 +35,9 @@ COMPARED = (
 )
 
 
-def _args(run, backend="local"):
+def _args(run, backend="local", extra=()):
     out = ["train", "--backend", backend, "--run-dir", str(run)]
-    for s in SMALL:
+    for s in [*SMALL, *extra]:
         out += ["--set", s]
     return out
 
@@ -46,10 +46,13 @@ def _rows(run):
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch):
+# run.checkpoint_async: the checkpoints are snapshots written in the background; the run is the
+# same, and the interrupt waits for the write in flight (the run's end flushes it)
+@pytest.mark.parametrize("extra", [(), ("run.checkpoint_async=true",)], ids=["sync", "async"])
+def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, extra):
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     full, cut = tmp_path / "full", tmp_path / "cut"
-    assert main(_args(full)) == 0
+    assert main(_args(full, extra=extra)) == 0
 
     real_run_step = driver.run_step
 
@@ -60,7 +63,7 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch):
 
     monkeypatch.setattr(driver, "run_step", crashing)
     with pytest.raises(KeyboardInterrupt):
-        main(_args(cut))
+        main(_args(cut, extra=extra))
     monkeypatch.setattr(driver, "run_step", real_run_step)
     assert latest_checkpoint(cut).name == "step_000004"
     assert sorted(_rows(cut)) == [0, 1, 2, 3, 4]  # step 4 ran but is after the checkpoint

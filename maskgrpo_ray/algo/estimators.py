@@ -217,9 +217,12 @@ def focus_step_counts(
 class PairQuery:
     """One forward pass's worth of (sample, unit) pairs: the model input and how to score it."""
 
-    state: torch.Tensor  # [M, L] long, model input (masked = V)
+    state: torch.Tensor  # [R, L] long, model input (masked = V); R = M unless shared
     num_tokens: torch.Tensor  # [M] float, tokens the pair's log-prob covers
-    score: Callable[[torch.Tensor], torch.Tensor]  # logits [M, L, V] (temperature applied) -> [M]
+    score: Callable[[torch.Tensor], torch.Tensor]  # logits [R, L, V] (temperature applied) -> [M]
+    # [R] long, the pair whose condition each input row takes (trajectory shrinkage: pairs of
+    # one sample and block share a row); None: one row per pair, R = M
+    rows: torch.Tensor | None = None
 
 
 def trajectory_query(
@@ -231,6 +234,8 @@ def trajectory_query(
     *,
     sampled: torch.Tensor | None = None,
     gumbel_tau: torch.Tensor | float = 0.0,
+    shrinkage: int = 1,
+    sample_ids: torch.Tensor | None = None,
 ) -> PairQuery:
     """Pairs (sample, unmasking step): the recorded state ``Y_t`` and its transition log-prob.
 
@@ -239,18 +244,66 @@ def trajectory_query(
         steps: long ``[M]``, the step ``t``; transition: ``"p1" | "p2" | "ar"``.
         sampled: long ``[M, L]``, the sampled tokens at the step (``"ar"`` only).
         gumbel_tau: float ``[M]`` (or scalar), the step's recorded Gumbel temperature.
+        shrinkage: ``s``, TraceRL's trajectory shrinkage: step ``t`` is scored from the state
+            ``Y_{t0}`` of its block's first step ``t0 = s * floor(t / s)`` (its own masked and
+            newly unmasked sets, under those logits), and the pairs of one sample and block
+            share one input row, so ``S`` steps cost ``ceil(S / s)`` rows. ``1``: the exact
+            ``Y_t`` per pair. Biased for ``s > 1``: a later step of a block is scored from an
+            earlier, more masked state than the one it was sampled in.
+        sample_ids: long ``[M]``, which sample each pair is (pairs of one sample and block
+            share a row; needed for ``s > 1``, default: every pair its own sample).
     """
     t = steps.view(-1, 1)
     masked = unmask_step >= t  # [M, L]
     unmasked = unmask_step == t
-    state = torch.where(masked, torch.full_like(final_tokens, codebook_size), final_tokens)
     target = sampled if sampled is not None else final_tokens
     covered = unmasked if transition == "p2" else masked
+    if shrinkage == 1:
+        state = torch.where(masked, torch.full_like(final_tokens, codebook_size), final_tokens)
 
-    def score(logits: torch.Tensor) -> torch.Tensor:
-        return step_log_prob(logits, masked, unmasked, target, transition, gumbel_tau=gumbel_tau)
+        def score(logits: torch.Tensor) -> torch.Tensor:
+            return step_log_prob(
+                logits, masked, unmasked, target, transition, gumbel_tau=gumbel_tau
+            )
 
-    return PairQuery(state, covered.sum(-1).float(), score)
+        return PairQuery(state, covered.sum(-1).float(), score)
+    rows, inverse, start = shrunk_rows(steps, shrinkage, sample_ids)
+    state_masked = unmask_step[rows] >= start[rows].view(-1, 1)  # [R, L], Y_t0
+    state = torch.where(
+        state_masked, torch.full_like(final_tokens[rows], codebook_size), final_tokens[rows]
+    )
+
+    def shrunk(logits: torch.Tensor) -> torch.Tensor:  # [R, L, V] -> [M]
+        return step_log_prob(
+            logits[inverse], masked, unmasked, target, transition, gumbel_tau=gumbel_tau
+        )
+
+    return PairQuery(state, covered.sum(-1).float(), shrunk, rows)
+
+
+def shrunk_rows(
+    steps: torch.Tensor, shrinkage: int, sample_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The input rows of trajectory shrinkage: pairs ``(sample_ids[m], steps[m])`` with the
+    same sample and block ``floor(t / s)`` share one.
+
+    Returns:
+        ``rows`` long ``[R]`` (the first pair of each row, rows ordered by sample then block),
+        ``inverse`` long ``[M]`` (each pair's row) and ``start`` long ``[M]`` (each pair's
+        block start ``t0 = s * floor(t / s)``).
+    """
+    if shrinkage < 1:
+        raise ValueError(f"shrinkage must be >= 1, got {shrinkage}")
+    m = steps.shape[0]
+    ids = sample_ids if sample_ids is not None else torch.arange(m, device=steps.device)
+    start = torch.div(steps, shrinkage, rounding_mode="floor") * shrinkage  # [M]
+    span = int(steps.max()) + 1 if m else 1
+    _, inverse = torch.unique(ids.to(steps.device) * span + start, return_inverse=True)
+    r = int(inverse.max()) + 1 if m else 0
+    pair = torch.arange(m, device=steps.device)
+    rows = torch.full((r,), m, dtype=torch.long, device=steps.device)
+    rows = rows.scatter_reduce(0, inverse, pair, reduce="amin")
+    return rows, inverse, start
 
 
 def forward_query(

@@ -216,3 +216,57 @@ def select_group_steps(
         raise ValueError(f"k must be in [1, {num_steps}] for group_random, got {k}")
     order = torch.rand(num_groups, num_steps, generator=generator).argsort(dim=1)  # [B, S]
     return order[:, :k].sort(dim=1).values
+
+
+def prediction_agreement(
+    predictions: torch.Tensor, final_tokens: torch.Tensor, unmask_step: torch.Tensor
+) -> torch.Tensor:
+    """``a_t``: the share of the ``L`` tokens where step ``t``'s predicted image equals the final
+    sample, float ``[N, S]``. Step ``t``'s prediction is MaskFocus's ``pred_original_sample``:
+    the sampled token at every position still masked before the step, the committed token
+    elsewhere (so ``a_{S-1} = 1``).
+
+    Args:
+        predictions: long ``[N, S, L]``, the sampler's token at every position at each step.
+        final_tokens: long ``[N, L]``.
+        unmask_step: long ``[N, L]``, the step that committed each position (-1: given).
+    """
+    s = predictions.shape[1]
+    steps = torch.arange(s, device=predictions.device).view(1, s, 1)
+    masked = unmask_step.unsqueeze(1) >= steps  # [N, S, L], masked before step t
+    pred = torch.where(masked, predictions, final_tokens.unsqueeze(1))  # [N, S, L]
+    return (pred == final_tokens.unsqueeze(1)).float().mean(-1)
+
+
+def critical_steps(agreement: torch.Tensor, k: int) -> torch.Tensor:
+    """MaskFocus's critical steps (zghhui/MaskFocus ``grpo_trainer.py``), per sample: the ``k``
+    steps whose prediction moved the intermediate image furthest towards the final one, long
+    ``[N, K]`` sorted per row.
+
+    MaskFocus measures ``sim_t = cos(VQ embedding of step t's predicted image, the final's)``,
+    averaged over the batch, for the steps before the last (the last prediction *is* the
+    final), and trains the ``k`` steps ``t`` with the largest ``|sim_t - sim_{t-1}|`` (its index
+    ``i`` of ``|sim_{i+1} - sim_i|`` trains the state after step ``i``, the input of step
+    ``t = i + 1``). Here ``sim_t`` is the token agreement ``a_t`` (:func:`prediction_agreement`:
+    model-agnostic, and for a lookup-free quantizer such as MAGVIT-v2's, whose codes are sign
+    vectors, the embedding cosine is an affine function of the bit agreement, which token
+    agreement bounds from below), per sample rather than over the batch (a sample's record alone
+    decides it, the same on any sharding over learner ranks). Candidates are ``t = 1 .. S-2``,
+    as MaskFocus's; steps ``0`` and ``S - 1``, which it never scores, rank after every scored
+    step (so ``k = S`` trains all steps). Ties: the earlier step.
+
+    Args:
+        agreement: float ``[N, S]``, ``a_t`` per sample.
+        k: ``1 <= k <= S``.
+    """
+    n, s = agreement.shape
+    if not 1 <= k <= s:
+        raise ValueError(f"k must be in [1, {s}] for critical steps, got {k}")
+    a = agreement.double()
+    jump = torch.full_like(a, -1.0)  # unscored: below every |delta| (>= 0)
+    if s >= 3:
+        jump[:, 1 : s - 1] = (a[:, 1 : s - 1] - a[:, : s - 2]).abs()
+    jump[:, s - 1] = -2.0  # the final step: last
+    # stable top-k: ties towards earlier steps
+    key = jump - torch.arange(s, dtype=torch.float64, device=a.device) * 1e-9
+    return key.topk(k, dim=1).indices.sort(dim=1).values

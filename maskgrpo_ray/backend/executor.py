@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from maskgrpo_ray.models.registry import prepare_model
 from maskgrpo_ray.safe_files import load_torch_file
 from maskgrpo_ray.settings import settings_from_config
 from maskgrpo_ray.step.collect import chunk_prompts_of
+from maskgrpo_ray.step.snapshot import host_copy
 from maskgrpo_ray.step.step_signal import StepSignal
 from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch, TrainBatch
 
@@ -264,11 +266,23 @@ class RayExecutor:
     def save(self, folder: Path) -> None:
         """Learner (DeepSpeed checkpoint of all ranks, brought to ``folder`` on the driver's
         machine through the object store), version, RNG streams (the group source saves the
-        filter's history)."""
-        self.learner.save(str((folder / "learner").resolve()))
-        planner = self.learner.planner.state()
-        state = {"policy_version": self.policy_version, "step_generator": planner}
-        torch.save(state, folder / "executor.pt")
+        filter's history): :meth:`snapshot`, written now."""
+        self.snapshot()(folder)
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """What :meth:`save` writes, taken now (the ranks' files in the object store, the
+        version and the planner's stream copied); the returned call writes it to a folder
+        (on any thread)."""
+        files = self.learner.snapshot()
+        learner = self.learner
+        state = {"policy_version": self.policy_version, "step_generator": learner.planner.state()}
+        state = host_copy(state)
+
+        def write(folder: Path) -> None:
+            learner.write_snapshot(str((folder / "learner").resolve()), files)
+            torch.save(state, folder / "executor.pt")
+
+        return write
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote, then give every rollout actor those weights."""

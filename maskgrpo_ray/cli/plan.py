@@ -212,7 +212,14 @@ def _checkpoint(cfg: Any, profile: CostProfile, work: Workload, plan: SplitPlan)
         trained = 0 if cfg.model.lora is not None else params  # LoRA: the adapter's, negligible
     nbytes = checkpoint_bytes(params, trained, bf16=bf16)
     step_s = work.images / plan.images_per_s
-    return checkpoint_cost(nbytes, step_s, run.checkpoint_every_steps, run.checkpoint_every_minutes)
+    return checkpoint_cost(
+        nbytes,
+        step_s,
+        run.checkpoint_every_steps,
+        run.checkpoint_every_minutes,
+        asynchronous=run.checkpoint_async,
+        ranks=plan.learner_gpus,
+    )
 
 
 def report(
@@ -262,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
         f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
-        f"S={work.unmasking_steps}, {work.pairs_per_sample} trained pairs per sample "
+        f"S={work.unmasking_steps}, {work.pairs_per_sample:g} trained pairs per sample "
         f"({work.estimator or profile.estimator}); {mode}"
     )
     print(
@@ -303,7 +310,10 @@ def _checkpoint_line(ck: CheckpointCost) -> str:
             f"the sooner) costs {ck.overhead:.1%} of the run; a SIGKILL loses at most "
             f"{ck.loses_s / 60:.1f} min"
         )
+    path = ""
+    if ck.critical_s < ck.seconds:
+        path = f", {ck.critical_s:.1f} s of it on the step loop's path (run.checkpoint_async)"
     return (
         f"checkpoint: {ck.bytes / 1e9:.2f} GB of learner state, about {ck.seconds:.0f} s to "
-        f"write (stated disk and network rates, checkpoint_cost.CheckpointRates); {cadence}"
+        f"write{path} (stated disk and network rates, checkpoint_cost.CheckpointRates); {cadence}"
     )

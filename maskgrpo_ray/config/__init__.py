@@ -162,6 +162,18 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
+    def _shrinkage(self) -> Config:
+        s, est = self.train.trajectory_shrinkage, self.likelihood.estimator
+        if s > 1 and (est != "trajectory" or s > self.rollout.unmasking_steps):
+            raise ValueError(
+                f"train.trajectory_shrinkage={s}: it scores blocks of that many unmasking steps "
+                "of the trajectory estimator in one forward pass, so it needs "
+                f"likelihood.estimator trajectory (got {est!r}) and at most "
+                f"rollout.unmasking_steps={self.rollout.unmasking_steps}; set it to 1 or lower it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _cross(self) -> Config:
         steps = self.rollout.unmasking_steps
         t = self.train

@@ -204,6 +204,18 @@ class RunConfig(Strict):
         "learner then restarts from the rollout actors' weights with fresh optimizer state: "
         "the run goes on, no longer exact); `maskgrpo plan` predicts a checkpoint's cost",
     )
+    checkpoint_async: bool = Field(
+        False,
+        description=(
+            "write checkpoints off the step loop's path: the learner's state and the driver's "
+            "counters are copied to host memory at the step boundary (the snapshot; on Ray the "
+            "ranks' DeepSpeed files into the object store), a background thread writes, hashes "
+            "and publishes them while the next steps run; the next checkpoint, a restore, a "
+            "SIGTERM's checkpoint and the run's end wait for it. The manifest and `latest` are "
+            "written last, so a crash mid-write leaves the previous checkpoint the newest "
+            "valid one. Host memory: up to two copies of the learner state (bench/checkpoint_cost.py)"
+        ),
+    )
     keep_checkpoints: int = Field(
         2,
         ge=1,

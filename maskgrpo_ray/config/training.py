@@ -246,7 +246,7 @@ class TrainConfig(Strict):
         default_factory=DiversityConfig, description="diversity-aware advantages"
     )
     unmasking_step_selection: Literal[
-        "all", "first", "last", "random", "group_random", "window", "auto"
+        "all", "first", "last", "random", "group_random", "window", "auto", "critical"
     ] = Field(
         "all",
         description=(
@@ -257,7 +257,12 @@ class TrainConfig(Strict):
             "step every unmasking_window_shift_updates updates, early to late, then again "
             "(MixGRPO); auto: the steps the step-signal probe (step_signal_every_steps) "
             "measures above the shuffled floor (unmasking_step_auto_margin), at most k, "
-            "re-measured at every probe; the first probe runs before the first update"
+            "re-measured at every probe; the first probe runs before the first update; "
+            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per sample: the k steps "
+            "whose prediction moved the intermediate image furthest towards the final sample "
+            "(|a_t - a_(t-1)|, a_t the share of tokens where step t's predicted image equals "
+            "the final one; candidates 1 .. S-2 as MaskFocus's, steps 0 and S-1 ranked last), "
+            "recorded by the rollout"
         ),
     )
     unmasking_steps_trained: int = Field(
@@ -327,6 +332,35 @@ class TrainConfig(Strict):
     )
     updates_per_batch: int = Field(
         1, ge=1, description="optimizer updates (passes) over each driver step's batch"
+    )
+    onpolicy_ratio_tolerance: float = Field(
+        1e-3,
+        gt=0,
+        description=(
+            "on-policy check: when every sample of an update was generated with the learner's "
+            "weights (lag 0), the first micro-batch's max |ratio - 1| is logged as "
+            "onpolicy/first_ratio_max_abs_dev and a WARNING names the step when it exceeds "
+            "this. float32 round-off of a transition log-prob summed over L tokens stays well "
+            "under 1e-3 (the toy: under 1e-5); under learner.autocast bf16 raise it (bf16 "
+            "logits move a summed log-prob by ~1e-2)"
+        ),
+    )
+    trajectory_shrinkage: int = Field(
+        1,
+        ge=1,
+        description=(
+            "s, TraceRL's trajectory shrinkage (Gen-Verse/dLLM-RL): s consecutive unmasking "
+            "steps (a block t0 .. t0+s-1, t0 a multiple of s) are scored in ONE forward pass at "
+            "the block's first state Y_t0, each step's newly unmasked tokens still scored as "
+            "its own transition, so S steps cost ceil(S/s) forward passes per sample. Biased: "
+            "a later step of a block is scored from an earlier, more masked state than it was "
+            "sampled in; the old log-probs of the trained pairs are recomputed by the learner "
+            "under the same shrunk scoring before the update (no gradient; ceil(S/s) more "
+            "forward passes), so the first ratio is 1 and the clip is against the learner's "
+            "weights before the update (with rollout.max_policy_lag > 0 the lag's importance "
+            "correction is then not applied). 1: the exact trajectory (trajectory estimator "
+            "only; docs/algorithm.md)"
+        ),
     )
 
     @model_validator(mode="after")

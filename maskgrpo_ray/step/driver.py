@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.data_plane import fetch_rollout
 from maskgrpo_ray.evaluation.generation import ceiling_figures
@@ -47,6 +45,7 @@ from maskgrpo_ray.step.recovery import (
     RunFailed,
     StepAbandoned,
 )
+from maskgrpo_ray.step.staleness import check_rollout, onpolicy_check
 from maskgrpo_ray.step.step_signal import StepSignalProbe
 from maskgrpo_ray.types import TrainBatch, tensor_nbytes
 
@@ -99,23 +98,30 @@ def run_step(
     row.update(collected_figures(col))
     scored = col.kept if col.kept is not None else col.generated
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
+    keep = None
     if col.kept is not None:
-        keep = torch.ones(len(col.kept.rollout.prompts), dtype=torch.bool)
+        keep = check_rollout(col.kept.rollout, ex.policy_version, cfg, step, row)
+    if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, advantage_settings(cfg))
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
             row.update(ex.update(tb))
+        onpolicy_check(row, step, cfg.train.onpolicy_ratio_tolerance)
         row["groups_trained"] = float(keep.sum())
-        row["prompts_trained"] = list(col.kept.rollout.prompt_indices)  # per-prompt accounting
+        indices = col.kept.rollout.prompt_indices
+        row["prompts_trained"] = [p for p, k in zip(indices, keep.tolist()) if k]
     else:
         row["groups_trained"], row["prompts_trained"] = 0.0, []
-        log.warning("step %d: no group survived scoring and filtering; update skipped", step)
+        log.warning(
+            "step %d: no group survived scoring, filtering and the staleness check; update skipped",
+            step,
+        )
     if cfg.rollout.max_policy_lag == 1:  # lag 1 is exact: no rollout sees the new weights
         with timer("wait_rollouts_ahead"):
             source.wait(queue[-1] if queue else None)
-    if col.kept is not None:
+    if keep is not None and bool(keep.any()):
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
     grid = None
@@ -322,10 +328,10 @@ def _advance(
         row = loop.step(at.step, stop)
     at = loop.redo = RunCursor(at.step + 1, at.saved)
     if (loop.cadence.at_step(at.step) or loop.cadence.time_due()) and not loop.pending:
-        t0 = time.monotonic()
         ckpts.save(at.step, loop.base, loop.totals)
         loop.cadence.saved()
-        stop.save_s = max(stop.save_s, time.monotonic() - t0)
+        # what a checkpoint before exit needs: a whole write (the last one finished)
+        stop.save_s = max(stop.save_s, ckpts.writer.last_write_s, ckpts.writer.last_snapshot_s)
         at = RunCursor(at.step, at.step)
     if on_step_end is not None:
         on_step_end(at.step - 1, row)
@@ -393,6 +399,7 @@ def _run(
     finally:
         stop.uninstall()
         loop.source.shutdown()
+        ckpts.flush()  # a background write finishes (or raises) before the run ends
     if stop.requested:
         resume_at = saved_step
         if not abandoned:
@@ -420,7 +427,8 @@ def _run(
         )
         return summary
     if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
-        ckpts.save(next_step, loop.base, loop.totals)
+        ckpts.save(next_step, loop.base, loop.totals, wait=True)
+    ckpts.flush()
     return _finish(loop, run_dir, start_step, t_start)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -89,6 +89,10 @@ class Executor(GroupWork, Protocol):
 
     def save(self, folder: Path) -> None:
         """Write weights, optimizer, RNG streams and version into ``folder``."""
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """What :meth:`save` writes, taken now into host memory; the returned call writes it
+        into a folder later, on any thread (``run.checkpoint_async``)."""
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote."""

@@ -19,11 +19,21 @@ from typing import Any, Protocol
 
 import torch
 
-from maskgrpo_ray.algo.grpo import PER_GROUP_SELECTIONS, select_group_steps, select_train_steps
+from maskgrpo_ray.algo.grpo import (
+    PER_GROUP_SELECTIONS,
+    critical_steps,
+    select_group_steps,
+    select_train_steps,
+)
 from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.settings import UpdateSettings
-from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pad_loss
+from maskgrpo_ray.step.learner_loss import (
+    Anchor,
+    accumulate_gradients,
+    pad_loss,
+    shrunk_old_log_probs,
+)
 from maskgrpo_ray.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -107,10 +117,15 @@ class UpdatePlan:
     cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
     # [N, K] long: per-sample units (group_random: a group's rows alike); None: train_steps
     sample_units: torch.Tensor | None = None
+    # k > 0: each sample's k critical steps, read from the batch's record on the rank that
+    # trains it (:meth:`resolved`)
+    critical: int = 0
 
     @property
     def units_per_pass(self) -> int:
         """Units each optimizer update (pass over the batch) trains, per sample."""
+        if self.critical:
+            return self.critical
         if self.sample_units is not None:
             return int(self.sample_units.shape[1])
         return 1 if self.cycle else len(self.train_steps)
@@ -124,6 +139,19 @@ class UpdatePlan:
             return self.train_steps
         k = i % len(self.train_steps)
         return self.train_steps[k : k + 1]
+
+    def resolved(self, batch: TrainBatch) -> UpdatePlan:
+        """The plan with its per-sample critical steps read from ``batch`` (this rank's
+        samples' ``step_agreement``; ``algo.grpo.critical_steps``); other plans as they are."""
+        if not self.critical:
+            return self
+        if batch.step_agreement is None:
+            raise ValueError(
+                "unmasking_step_selection critical needs the rollout's step_agreement; the "
+                "rollout did not record it (RolloutSettings.step_agreement)"
+            )
+        units = critical_steps(batch.step_agreement, self.critical)  # [N, K]
+        return replace(self, sample_units=units, critical=0)
 
     def rows(self, start: int, stop: int) -> UpdatePlan:
         """The plan of samples ``start .. stop - 1`` (a learner rank's share of the batch)."""
@@ -196,6 +224,8 @@ class UpdatePlanner:
             return UpdatePlan(torch.arange(0), lr, s.cycle_units, units)
         if s.step_selection == "auto":
             return UpdatePlan(self._auto(), lr, s.cycle_units)
+        if s.step_selection == "critical":  # per sample, from each rank's own record
+            return UpdatePlan(torch.arange(0), lr, critical=s.steps_trained)
         steps = select_train_steps(
             s.num_steps,
             s.step_selection,
@@ -303,11 +333,21 @@ def apply_update(
 
     Returns:
         The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
-        ``abs_log_ratio_*`` spread (the behaviour policy against the learner before this
-        batch's updates) and ``learning_rate``.
+        ``abs_log_ratio_*`` spread and ``first_ratio_abs_dev_max`` (the behaviour policy against
+        the learner before this batch's updates) and ``learning_rate``.
     """
     opt.set_learning_rate(plan.learning_rate)
     opt.module.train()
+    plan = plan.resolved(batch)
+    if s.shrinkage > 1 and batch.estimator == "trajectory":
+        batch = shrunk_old_log_probs(
+            opt.module,
+            batch,
+            _distinct([plan.units_for_pass(i) for i in range(s.updates_per_batch)]),
+            micro_batch=s.micro_batch_pairs,
+            shrinkage=s.shrinkage,
+            autocast=s.autocast,
+        )
     metrics: dict[str, Any] = {}
     first: dict[str, float] = {}
     for i in range(s.updates_per_batch):
@@ -315,9 +355,22 @@ def apply_update(
             opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward
         )
         if i == 0:
-            first = {k: v for k, v in metrics.items() if k.startswith("abs_log_ratio")}
+            first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
     opt.module.eval()
     return {**metrics, **first, "learning_rate": plan.learning_rate}
+
+
+# the metrics apply_update reports from its first pass: against the rollout's log-probs
+FIRST_PASS = ("abs_log_ratio", "first_ratio_abs_dev_max")
+
+
+def _distinct(unit_sets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The passes' unit sets without repeats (in order)."""
+    out: list[torch.Tensor] = []
+    for u in unit_sets:
+        if not any(u.shape == v.shape and torch.equal(u, v) for v in out):
+            out.append(u)
+    return out
 
 
 def anchor_of(s: UpdateSettings) -> Anchor | None:
@@ -368,6 +421,7 @@ def _optimizer_step(
         guards=s.guards,
         autocast=s.autocast,
         anchor=anchor_of(s),
+        shrinkage=s.shrinkage,
     )
 
     def replay() -> torch.Tensor | None:
@@ -377,6 +431,7 @@ def _optimizer_step(
             train_steps=units,
             micro_batch=s.micro_batch_pairs,
             autocast=s.autocast,
+            shrinkage=s.shrinkage,
         )
 
     for _ in range(num_backward - calls[0]):

@@ -11,7 +11,7 @@ single-process trainer and on every DeepSpeed rank alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,11 +28,14 @@ def pair_query(
     units: torch.Tensor,
     codebook_size: int,
     device: torch.device | str = "cpu",
+    shrinkage: int = 1,
 ) -> PairQuery:
     """The model input and scoring of (sample, unit) pairs under the batch's estimator, on
     ``device``. A unit is an unmasking step (trajectory: the recorded state ``Y_t`` and the
-    rollout's transition definition) or a mask draw (forward: the final tokens re-masked by the
-    seeded mask, built on the CPU). ``samples`` and ``units`` are long ``[M]`` on the CPU."""
+    rollout's transition definition; with ``shrinkage`` s > 1 the state of the step's block's
+    first step, one input row per sample and block) or a mask draw (forward: the final tokens
+    re-masked by the seeded mask, built on the CPU). ``samples`` and ``units`` are long ``[M]``
+    on the CPU."""
     final = batch.final_tokens[samples].to(device)
     if batch.estimator == "forward":
         assert batch.mask_seed is not None and batch.mask_counts is not None
@@ -55,6 +58,8 @@ def pair_query(
         batch.transition,
         sampled=sampled,
         gumbel_tau=batch.likelihood_tau[units].to(device),
+        shrinkage=shrinkage,
+        sample_ids=samples.to(device),
     )
 
 
@@ -72,12 +77,18 @@ def unit_log_probs(
     temperature.
     """
     device = next(policy.parameters()).device
+    if query.rows is not None:  # pairs sharing an input row (trajectory shrinkage)
+        cond_ids = cond_ids[query.rows.to(cond_ids.device)]
     logits = policy.conditioned(cond_ids.to(device), guidance_scale)(query.state.to(device))
     return query.score(logits / temperature)
 
 
 def pair_log_probs(
-    policy: MaskedImagePolicy, batch: TrainBatch, samples: torch.Tensor, steps: torch.Tensor
+    policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    samples: torch.Tensor,
+    steps: torch.Tensor,
+    shrinkage: int = 1,
 ) -> torch.Tensor:
     """Log-probs of (sample, unit) pairs in one forward: float ``[M]``.
 
@@ -86,7 +97,7 @@ def pair_log_probs(
     (trajectory estimator) or the re-masked final tokens of mask draw ``steps[m]`` (forward).
     """
     device = next(policy.parameters()).device
-    query = pair_query(batch, samples, steps, policy.codebook_size, device)
+    query = pair_query(batch, samples, steps, policy.codebook_size, device, shrinkage)
     return unit_log_probs(
         policy, batch.cond_ids[samples], batch.guidance_scale, batch.temperature, query
     )
@@ -138,6 +149,7 @@ def accumulate_gradients(
     guards: LossGuards | None = None,
     autocast: str = "off",
     anchor: Anchor | None = None,
+    shrinkage: int = 1,
 ) -> dict[str, float]:
     """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
 
@@ -150,26 +162,35 @@ def accumulate_gradients(
     ``backward`` defaults to ``loss.backward()`` (a DeepSpeed engine passes its own).
     ``anchor``: units trained towards the reference only (:class:`Anchor`), after the trained
     pairs. Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over
-    this call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank).
+    this call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank), the
+    first micro-batch's ``first_ratio_abs_dev_max`` (``max |ratio - 1|``: 0 up to round-off
+    when the learner holds the rollout's weights) and ``forward_passes_per_sample`` (model
+    input rows per sample: the trained units, fewer under ``shrinkage``).
     """
     guards = guards or LossGuards()
     samples, steps = train_pairs(batch, train_steps)
     total = float(normalizer if normalizer is not None else max(len(samples), 1))
-    sums = {"loss": 0.0, "ratio_mean": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "kl": 0.0}
-    abs_lr = []
+    sums = dict.fromkeys(
+        ("loss", "ratio_mean", "clip_frac", "dual_clip_frac", "kl", "forward_passes_per_sample"),
+        0.0,
+    )
+    abs_lr: list[torch.Tensor] = []
     with_ref = ref_policy if kl_coef > 0 else None
     step = backward or (lambda x: x.backward())
     for start in range(0, len(samples), micro_batch):
         s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
         loss, m, lr = _micro_batch_loss(
             policy, with_ref, batch, s, t, guards, bf16=autocast == "bf16",
-            clip=(clip_low, clip_high), kl_coef=kl_coef, normalizer=total,
+            clip=(clip_low, clip_high), kl_coef=kl_coef, normalizer=total, shrinkage=shrinkage,
         )  # fmt: skip
         step(loss)
-        abs_lr.append(lr)
+        if not abs_lr:  # the first micro-batch: the ratio against the rollout's log-probs
+            sums["first_ratio_abs_dev_max"] = float((lr.double().exp() - 1.0).abs().max())
+        abs_lr.append(lr.abs())
         sums["loss"] += float(loss.detach())
         for k in ("ratio_mean", "clip_frac", "dual_clip_frac", "kl"):
             sums[k] += m[k] * len(s) / total
+        sums["forward_passes_per_sample"] += m["forward_rows"] / max(batch.num_samples, 1)
     if abs_lr:
         sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
     if anchor is not None and ref_policy is not None and len(anchor.units):
@@ -179,6 +200,35 @@ def accumulate_gradients(
             step, autocast,
         )  # fmt: skip
     return sums
+
+
+def shrunk_old_log_probs(
+    policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    unit_sets: list[torch.Tensor],
+    *,
+    micro_batch: int,
+    shrinkage: int,
+    autocast: str = "off",
+) -> TrainBatch:
+    """The batch with the old log-probs of its trained pairs recomputed under trajectory
+    shrinkage (TraceRL's way): each set of ``unit_sets`` (an update pass's units, ``[K]`` or
+    ``[N, K]``) is scored without gradient in the micro-batches its pass will use, so the first
+    pass's ratio is exactly 1 (the same computation on the same inputs). The rollout's
+    log-probs are of the exact states ``Y_t``; a shrunk pair is scored from its block's first
+    state, so keeping them would make the first ratio ``p(.|Y_t0) / p(.|Y_t)``, a bias, not a
+    policy change, that the clip would cut off."""
+    old = batch.old_logp.clone()
+    device = next(policy.parameters()).device
+    with torch.no_grad():
+        for units in unit_sets:
+            samples, steps = train_pairs(batch, units)
+            for start in range(0, len(samples), micro_batch):
+                s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+                    logp = pair_log_probs(policy, batch, s, t, shrinkage)
+                old[s, t] = logp.float().cpu()
+    return replace(batch, old_logp=old)
 
 
 @dataclass(frozen=True)
@@ -239,6 +289,7 @@ def pad_loss(
     train_steps: torch.Tensor,
     micro_batch: int,
     autocast: str = "off",
+    shrinkage: int = 1,
 ) -> torch.Tensor | None:
     """A zero-valued loss with a real backward graph: the policy's log-probs of the batch's
     first micro-batch (as :func:`accumulate_gradients` forms it), summed, times zero; None for
@@ -251,7 +302,7 @@ def pad_loss(
     s, t = samples[:micro_batch], steps[:micro_batch]
     device = next(policy.parameters()).device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-        logp = pair_log_probs(policy, batch, s, t)
+        logp = pair_log_probs(policy, batch, s, t, shrinkage)
     return logp.float().sum() * 0.0
 
 
@@ -268,13 +319,15 @@ def _micro_batch_loss(
     kl_coef: float,
     normalizer: float,
     advantages: torch.Tensor | None = None,
+    shrinkage: int = 1,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """The clipped loss of the (sample, unit) pairs ``samples``, ``units`` (long ``[M]``), its
-    metrics and ``|log pi - log pi_old|`` float ``[M]`` on the CPU. The policy (with grad) and
-    the reference (without; None: no KL term) score the same states (and masks), under bf16
-    autocast when ``bf16``; their log-probs are float32 before the ratio."""
+    metrics (with ``forward_rows``, the model's input rows) and ``log pi - log pi_old`` float
+    ``[M]`` on the CPU. The policy (with grad) and the reference (without; None: no KL term)
+    score the same states (and masks), under bf16 autocast when ``bf16``; their log-probs are
+    float32 before the ratio."""
     device = next(policy.parameters()).device
-    query = pair_query(batch, samples, units, policy.codebook_size, device)
+    query = pair_query(batch, samples, units, policy.codebook_size, device, shrinkage)
     cond = batch.cond_ids[samples]
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         logp = unit_log_probs(policy, cond, batch.guidance_scale, batch.temperature, query)
@@ -302,4 +355,5 @@ def _micro_batch_loss(
         kl_clamp=guards.kl_clamp,
         kl_num_tokens=query.num_tokens.to(dev) if per_token else None,
     )
-    return loss, metrics, (logp.detach() - old).abs().float().cpu()
+    metrics["forward_rows"] = float(query.state.shape[0])
+    return loss, metrics, (logp.detach() - old).float().cpu()

@@ -3,6 +3,7 @@ system is measured against, and the engine of the tests and ablations."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from maskgrpo_ray.step.learner_core import (
     reference_policy,
 )
 from maskgrpo_ray.step.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.step.snapshot import host_copy
 from maskgrpo_ray.step.step_signal import StepSignal, measure
 from maskgrpo_ray.types import ScoredBatch, TrainBatch
 
@@ -154,17 +156,29 @@ class LocalExecutor:
 
     def save(self, folder: Path) -> None:
         """Weights, optimizer, RNG streams and policy version into ``folder`` (the group source
-        saves the filter's history)."""
-        torch.save(self.policy.state_dict(), folder / "policy.pt")
-        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
-        torch.save(
+        saves the filter's history): :meth:`snapshot`, written now."""
+        self.snapshot()(folder)
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """What :meth:`save` writes, copied to host memory now (``snapshot.host_copy``); the
+        returned call writes it to a folder (on any thread)."""
+        state = host_copy(
             {
-                "step_generator": self.planner.state(),
-                "torch": torch.get_rng_state(),
-                "policy_version": self.policy_version,
-            },
-            folder / "executor.pt",
+                "policy.pt": self.policy.state_dict(),
+                "optimizer.pt": self.optimizer.state_dict(),
+                "executor.pt": {
+                    "step_generator": self.planner.state(),
+                    "torch": torch.get_rng_state(),
+                    "policy_version": self.policy_version,
+                },
+            }
         )
+
+        def write(folder: Path) -> None:
+            for name, part in state.items():
+                torch.save(part, folder / name)
+
+        return write
 
     def load(self, folder: Path) -> None:
         self.policy.load_state_dict(load_torch_file(folder / "policy.pt", "a checkpoint's policy"))

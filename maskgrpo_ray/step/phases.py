@@ -20,7 +20,7 @@ from maskgrpo_ray.algo.estimators import (
     mask_counts,
 )
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.algo.grpo import group_advantages, group_std
+from maskgrpo_ray.algo.grpo import group_advantages, group_std, prediction_agreement
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.data_plane import RolloutRefs, TrainRefs
 from maskgrpo_ray.diversity import reward_diversity
@@ -58,11 +58,14 @@ def generate(
     remask_likelihood: str = "marginal",
     sampler: str = "showo",
     forward: ForwardSettings | None = None,
+    step_agreement: bool = False,
 ) -> RolloutBatch:
     """Roll out ``G`` samples for each of ``B`` prompts and cache the behaviour log-probs.
 
     ``forward`` None: the trajectory estimator (record the unmasking steps, ``old_logp [N, S]``
     of the ``transition``). Otherwise the forward estimator (:func:`_forward_units`).
+    ``step_agreement``: also record each step's prediction's agreement with the final sample
+    (``algo.grpo.step_agreement``; the ``critical`` step selection reads it).
     """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
     traj = rollout(
@@ -79,7 +82,8 @@ def generate(
         gumbel_anneal=policy.gumbel_anneal,
         sampler=sampler,
         record_likelihood=forward is None,
-        keep_predictions=forward is not None and forward.ratio_rule == "step_focus",
+        keep_predictions=step_agreement
+        or (forward is not None and forward.ratio_rule == "step_focus"),
     )
     batch = RolloutBatch(
         prompts=list(prompts),
@@ -97,6 +101,10 @@ def generate(
         temperature=temperature,
         likelihood_tau=traj.likelihood_tau,
     )
+    if step_agreement and forward is None:
+        assert traj.predictions is not None
+        agree = prediction_agreement(traj.predictions, traj.final_tokens, traj.unmask_step)
+        batch = replace(batch, step_agreement=agree.cpu())
     if forward is not None:
         batch = _forward_units(policy, batch, cond, traj, forward, generator)
     return batch.validate()

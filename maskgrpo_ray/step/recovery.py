@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from maskgrpo_ray.safe_files import check_pickles, load_torch_file
 from maskgrpo_ray.step.collect import GroupSource
 from maskgrpo_ray.step.executor import Executor
 from maskgrpo_ray.step.learner_core import LearnerLost
+from maskgrpo_ray.step.snapshot import BackgroundWriter, host_copy
 
 log = logging.getLogger(__name__)
 
@@ -106,24 +107,59 @@ class Checkpoints:
     run_dir: Path
     runlog: RunLog
     learner_restarts: int = 0  # new learner groups so far (run.max_learner_restarts bounds it)
+    writer: BackgroundWriter = field(default_factory=BackgroundWriter)  # run.checkpoint_async
 
-    def save(self, next_step: int, base: dict[str, float], totals: dict[str, float]) -> None:
+    def save(
+        self,
+        next_step: int,
+        base: dict[str, float],
+        totals: dict[str, float],
+        *,
+        wait: bool = False,
+    ) -> None:
         """Stage the checkpoint in a local folder (executor files + ``driver.pt``) and publish
         it to the run's storage (``run.storage``, else ``run_dir/checkpoints``) with its
-        manifest."""
+        manifest. With ``run.checkpoint_async`` the state is snapshotted into host memory
+        here and written by the background writer (:mod:`~maskgrpo_ray.step.snapshot`; the
+        previous write is waited for first); ``wait``: and this one too."""
+        cfg, t0 = self.cfg, time.monotonic()
+        asynchronous = cfg.run.checkpoint_async
+        self.writer.wait()  # one write at a time; a failed one raises here
+        executor = self.ex.snapshot() if asynchronous else self.ex.save
+        state = {"next_step": next_step, "base": base, "totals": totals}
+        state = {**state, "source": self.source.state_dict()}
+        adapter = None
+        if cfg.model.lora is not None:  # the adapter, as peft saves it (eval reads it)
+            adapter = self.ex.policy_state()
+        if asynchronous:
+            state, adapter = host_copy(state), host_copy(adapter)
 
         def write(folder: Path) -> None:
-            self.ex.save(folder)
-            state = {"next_step": next_step, "base": base, "totals": totals}
-            torch.save({**state, "source": self.source.state_dict()}, folder / "driver.pt")
-            if self.cfg.model.lora is not None:  # the adapter, as peft saves it (eval reads it)
+            executor(folder)
+            torch.save(state, folder / "driver.pt")
+            if adapter is not None and cfg.model.lora is not None:
                 from maskgrpo_ray.lora import save_adapter
 
-                save_adapter(folder / "adapter", self.ex.policy_state(), self.cfg.model.lora)
+                save_adapter(folder / "adapter", adapter, cfg.model.lora)
 
-        cfg, t0 = self.cfg, time.monotonic()
-        where = run_store(cfg.run, self.run_dir).save(next_step, write, cfg.run.keep_checkpoints)
-        log.info("checkpoint %s (%.2f s)", where, time.monotonic() - t0)
+        store = run_store(cfg.run, self.run_dir)
+        if not asynchronous:
+            where = store.save(next_step, write, cfg.run.keep_checkpoints)
+            self.writer.last_write_s = self.writer.last_snapshot_s = time.monotonic() - t0
+            log.info("checkpoint %s (%.2f s)", where, self.writer.last_write_s)
+            return
+        self.writer.last_snapshot_s = time.monotonic() - t0
+        log.info("checkpoint step %d: snapshot %.2f s", next_step, self.writer.last_snapshot_s)
+        self.writer.submit(
+            lambda: store.save(next_step, write, cfg.run.keep_checkpoints),
+            f"checkpoint step {next_step}",
+        )
+        if wait:
+            self.writer.wait()
+
+    def flush(self) -> None:
+        """Wait for a background checkpoint write (none in flight: returns at once)."""
+        self.writer.wait()
 
     def restore(self, folder: Path) -> tuple[int, dict, dict]:
         """Executor, group source and driver counters from a checkpoint: (next step, base,
@@ -175,6 +211,7 @@ class Checkpoints:
                 f"{store.location}/{newest if newest else '(none)'}; resume it with `{resume}` "
                 "once the cause is found (raise run.max_learner_restarts to retry more in-job)"
             ) from lost
+        self.flush()  # the newest checkpoint is the one being written, if any
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=".recover-", dir=run_dir) as scratch:
             folder = store.fetch_valid(Path(scratch))
@@ -332,5 +369,5 @@ class Preemption:
                 "step 0" if saved_step is None else f"step {saved_step}",
             )
             return saved_step
-        ckpts.save(next_step, base, totals)
+        ckpts.save(next_step, base, totals, wait=True)
         return next_step

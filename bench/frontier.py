@@ -1,0 +1,280 @@
+"""The speed frontier: each speed lever beside the judge's verdict, paired by seed against the
+paper's recipe on the GenEval-shaped world.
+
+    .venv/bin/python bench/frontier.py [--seeds 0-4] [--steps 60] [--recipes "..."]
+        [--combine "async lag 1+shrinkage s 2"] [--config configs/shapes.yaml] [--jobs 2]
+        [--fresh] [--out bench/results_frontier.json] [--markdown docs/frontier.md]
+        [--plot docs/img/frontier_shapes.png]
+
+Every recipe is ``--config`` (default ``configs/shapes.yaml`` as is: the paper's recipe scaled
+down, the reference) with the recipe's overrides, trained ``--steps`` steps per seed on the
+single-process backend through ``bench/toy_lab.py`` (cached per resolved config and seed, run two
+at a time, resumable: a rerun runs only what is missing; the reference's runs are
+``bench/paper_table.py``'s, the same cache entries). Recipes are written in shares of the
+world's ``S`` unmasking steps (4 of 16 is ``S / 4``) so the same recipe is applied to the world
+and to Show-o 512's 50 steps.
+
+For each recipe it reports: the judge's gain (the held-out GenEval proxy after training minus
+the base's: ``eval_accuracy/tag_mean``, :func:`paper_table.figures`) with its paired difference
+against the reference (95% t-interval); the share of the reference's gain it keeps; diversity
+(the held-out samples' mean pairwise layout distance in the judge's embedding,
+``eval_diversity/pairwise``) and its paired difference; the learner's forward passes per image
+and per driver step (derived from the recipe's workload, ``cost_model.workload_of``, and the
+runs' own ``forward_passes_per_sample`` where recorded); and the planner's images per GPU-second
+for Show-o 512 on 16 H100 with the recipe's overrides applied to ``configs/showo_512_clip.yaml``
+(``maskgrpo plan --config``'s model, the recipe's loop: lag >= 1 plans the asynchronous one).
+The verdict (:func:`keeps`): a recipe *meets* the bar when it keeps at least 90% of the
+reference's gain with the lower end of the interval above 75%. The kept share is
+``1 + d / g``: ``d`` the paired difference of the final score (the base is the same model on
+each seed), ``g`` the reference's mean gain, taken as known (its own spread is not propagated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import paper_table as pt  # noqa: E402
+import toy_lab as lab  # noqa: E402
+
+REF = "paper's recipe"
+SHOWO = "configs/showo_512_clip.yaml"
+GPUS = 16
+KEEP, KEEP_LOW = 0.90, 0.75  # the bar: keep >= 90% of the gain, the lower end above 75%
+COMBINE = "async lag 1+shrinkage s 2"  # the default combination (speed lever + learner saving)
+
+
+def _sel(kind: str, s: int, share: float) -> list[str]:
+    k = max(1, round(s * share))
+    return [f"train.unmasking_step_selection={kind}", f"train.unmasking_steps_trained={k}"]
+
+
+# name -> overrides as a function of the config's S (unmasking steps) and its eval steps
+RECIPES: dict[str, Callable[[int], list[str]]] = {
+    REF: lambda s: [],
+    "async lag 1": lambda s: ["rollout.max_policy_lag=1"],
+    "async lag 2": lambda s: ["rollout.max_policy_lag=2"],
+    "shrinkage s 2": lambda s: ["train.trajectory_shrinkage=2"],
+    "shrinkage s 4": lambda s: ["train.trajectory_shrinkage=4"],
+    "critical steps k = S/4": lambda s: _sel("critical", s, 4 / 16),
+    "group random k = S/4 (unbiased)": lambda s: _sel("group_random", s, 4 / 16),
+    # training rollouts of half the steps, evaluation at the full S (paper_table's T 6 of 16)
+    "unmasking reduction T = S/2": lambda s: [
+        f"rollout.unmasking_steps={max(1, round(s / 2))}",
+        f"eval.unmasking_steps={s}",
+    ],
+}
+
+
+def recipes(combine: str = COMBINE) -> dict[str, Callable[[int], list[str]]]:
+    """:data:`RECIPES` and the combination ``"a+b"`` (both recipes' overrides)."""
+    parts = [p.strip() for p in combine.split("+") if p.strip()]
+    unknown = [p for p in parts if p not in RECIPES]
+    if len(parts) != 2 or unknown:
+        raise SystemExit(f"--combine {combine!r}: name two of {list(RECIPES)} joined by '+'")
+    a, b = (RECIPES[p] for p in parts)
+    return {**RECIPES, f"combination: {parts[0]} + {parts[1]}": lambda s: [*a(s), *b(s)]}
+
+
+def keeps(ref_gains: list[float], diffs: list[float]) -> dict:
+    """The share of the reference's gain a recipe keeps, its interval and the verdict.
+
+    Args:
+        ref_gains: the reference's gain (final - base) per seed.
+        diffs: the recipe's final score minus the reference's, per seed (paired).
+    """
+    g = statistics.fmean(ref_gains) if ref_gains else math.nan
+    if not diffs or not g > 0:
+        return {"kept": math.nan, "low": math.nan, "high": math.nan,
+                "verdict": "no share: the reference gains nothing" if diffs else "no runs"}  # fmt: skip
+    m, h = lab.interval(diffs)
+    kept, low, high = 1 + m / g, 1 + (m - h) / g, 1 + (m + h) / g
+    if len(diffs) < 2:
+        verdict = "one seed: no interval"
+    elif kept >= KEEP and low > KEEP_LOW:
+        verdict = "meets"
+    elif high < KEEP:
+        verdict = "misses (keeps under 90%, resolved)"
+    else:
+        why = "keeps under 90%" if kept < KEEP else "lower end not above 75%"
+        verdict = f"misses ({why}; not resolved)"
+    return {"kept": kept, "low": low, "high": high, "verdict": verdict}
+
+
+def learner_work(config: str, overrides: list[str]) -> dict[str, float]:
+    """The recipe's learner forward(-backward) passes per image and per driver step, and the
+    pair-equivalents the planner charges (with shrinkage's no-grad recompute)."""
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.cost_model import workload_of
+
+    w = workload_of(load_config(lab.ROOT / config, overrides))
+    passes = w.forward_passes_per_sample * w.updates_per_batch
+    return {"passes_per_image": passes, "passes_per_step": passes * w.images,
+            "pairs_per_image": w.pairs_per_sample, "unmasking_steps": w.unmasking_steps}  # fmt: skip
+
+
+def planner(overrides: list[str], gpus: int = GPUS) -> dict[str, float | str]:
+    """``maskgrpo plan --config configs/showo_512_clip.yaml --gpus 16 --set ...``: the planner's
+    images per GPU-second at its best split, the split, the loop and the evidence line."""
+    from maskgrpo_ray.cli.plan import make_plan
+
+    args = argparse.Namespace(
+        profile=None, model=None, resolution=512, gpu="H100", gpus=gpus, estimator=None,
+        prompts_per_step=None, sync=False, asynchronous=False, json=False,
+        config=str(lab.ROOT / SHOWO), overrides=list(overrides),
+    )  # fmt: skip
+    p = make_plan(args)
+    return {
+        "img_per_gpu_s": p.plan.images_per_s / gpus,
+        "split": f"{p.plan.rollout_gpus}+{p.plan.learner_gpus}",
+        "loop": "asynchronous" if p.plan.asynchronous else "synchronous",
+        "passes_per_image": float(p.work.forward_passes_per_sample * p.work.updates_per_batch),
+        "evidence": p.evidence.line,
+    }
+
+
+def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> list[dict]:
+    """One row per recipe: the judge's figures from ``runs`` (paired against :data:`REF`),
+    the learner's work on the world (``world[name]``) and the planner's Show-o speed."""
+    sub = [r for r in runs if r["seed"] in seeds]
+    ref_gains = [pt.figures(r)["gain"] for r in lab.of(sub, REF)]
+    rows = []
+    for n in names:
+        rs = lab.of(sub, n)
+        if not rs:
+            continue
+        f = [pt.figures(r) for r in rs]
+        row: dict = {"recipe": n, "seeds": len(rs), **world[n]}
+        row["gain"] = lab.interval([x["gain"] for x in f])
+        row["pairwise"] = pt._finite([x["pairwise"] for x in f])
+        measured = [r.get("forward_passes_per_sample", math.nan) for r in rs]
+        row["measured_passes_per_image"] = pt._finite(measured)[0]
+        if n != REF:
+            d = lab.paired(sub, n, REF, lambda r: pt.figures(r)["final"])
+            row["d_final"] = lab.interval(d)
+            dp = [x for x in lab.paired(sub, n, REF, lambda r: pt.figures(r)["pairwise"])]
+            row["d_pairwise"] = pt._finite(dp)
+            row.update(keeps(ref_gains, d))
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], seeds: list[int], steps: int, config: str) -> str:
+    out = [
+        f"{config}, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), {steps} steps each; 95% "
+        f"t-intervals, paired against {REF!r}. Show-o column: the planner on {SHOWO} with the "
+        f"recipe's overrides, {GPUS} H100 (a model, not a measurement).\n",
+        "| recipe | judge's gain | vs reference, paired | gain kept [interval] | verdict "
+        "(>= 90%, low > 75%) | pairwise layout distance | vs reference | learner passes / "
+        "image (step) | Show-o 512: passes / image | img/GPU/s (split; loop) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = pt._ci
+        d = ci(r["d_final"]) if "d_final" in r else "-"
+        dp = ci(r["d_pairwise"]) if "d_pairwise" in r else "-"
+        kept = (
+            f"{r['kept']:.0%} [{r['low']:.0%}, {r['high']:.0%}]"
+            if "kept" in r and math.isfinite(r["kept"])
+            else "-"
+        )
+        out.append(
+            f"| {r['recipe']} | {ci(r['gain'])} | {d} | {kept} | {r.get('verdict', '-')} | "
+            f"{ci(r['pairwise'], False)} | {dp} | {r['passes_per_image']:g} "
+            f"({r['passes_per_step']:g}) | {r['showo']['passes_per_image']:g} | "
+            f"{r['showo']['img_per_gpu_s']:.3f} ({r['showo']['split']}; {r['showo']['loop']}) |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """Planner img/GPU/s (Show-o 512, 16 H100) against the judge's gain, with intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        x, (m, h) = r["showo"]["img_per_gpu_s"], r["gain"]
+        ax.errorbar(x, m, yerr=h, fmt="o", capsize=3)
+        ax.annotate(r["recipe"], (x, m), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    ref = next((r for r in rows if r["recipe"] == REF), None)
+    if ref is not None:
+        ax.axhline(ref["gain"][0] * KEEP, ls="--", lw=0.8, c="grey", label="90% of its gain")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel(f"planner: Show-o 512 images per GPU-second, {GPUS} H100")
+    ax.set_ylabel("judge's gain over the base (held-out GenEval proxy)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default="0-4")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--recipes", default="", help="names separated by ';' (default: all)")
+    ap.add_argument("--combine", default=COMBINE, help="two recipes joined by '+'")
+    ap.add_argument("--config", default=pt.CONFIG, help="the world (default: the shapes world)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_frontier.json"))
+    ap.add_argument("--markdown", default="")
+    ap.add_argument("--plot", default=str(lab.ROOT / "docs" / "img" / "frontier_shapes.png"))
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _args()
+    from maskgrpo_ray.config import load_config
+
+    book = recipes(a.combine)
+    names = lab.variants_of(a.recipes, list(book), REF)
+    seeds = lab.seeds_of(a.seeds)
+    s_world = load_config(lab.ROOT / a.config).rollout.unmasking_steps
+    s_showo = load_config(lab.ROOT / SHOWO).rollout.unmasking_steps
+    extra = tuple(pt.COMMON)
+    world = {}
+    for n in names:
+        over = book[n](s_world)
+        world[n] = {"overrides": over, **learner_work(a.config, [*extra, *over])}
+        world[n]["showo"] = {"overrides": book[n](s_showo), **planner(book[n](s_showo))}
+    jobs = [
+        lab.Job(n, tuple(world[n]["overrides"]), s, a.steps, config=a.config, extra=extra)
+        for s in seeds
+        for n in names
+    ]
+    t0 = time.perf_counter()
+
+    def done(r: dict, i: int, total: int) -> None:
+        f = pt.figures(r)
+        print(f"{r['variant']:44s} seed {r['seed']:3d}: gain {f['gain']:+.3f}, pairwise "
+              f"{f['pairwise']:.3f} ({r['wall_seconds']:.0f} s) [{i}/{total}, "
+              f"{time.perf_counter() - t0:.0f} s]", flush=True)  # fmt: skip
+
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    rows = table(runs, names, seeds, world)
+    md = markdown(rows, seeds, a.steps, a.config)
+    print(md)
+    record = {"config": a.config, "steps": a.steps, "seeds": seeds, "rows": rows}
+    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(md)
+    if a.plot:
+        plot(rows, a.plot, f"{a.config}, seeds {a.seeds}, {a.steps} steps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Trajectory shrinkage (TraceRL): s consecutive unmasking steps scored in one forward pass at
+the block's first state. Exact where every trained step starts its block, biased elsewhere, the
+old log-probs recomputed under the same scoring so the first ratio is exactly 1, and the
+forward passes per sample counted: ceil(S / s)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from maskgrpo_ray.algo.estimators import shrunk_rows
+from maskgrpo_ray.build import build_policy
+from maskgrpo_ray.config import load_config
+from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.step.learner_core import (
+    TorchOptimizing,
+    UpdatePlanner,
+    apply_update,
+    build_optimizer,
+)
+from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs
+from maskgrpo_ray.step.phases import generate
+from maskgrpo_ray.types import TrainBatch
+
+TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
+ALL = "train.unmasking_step_selection=all"
+SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]
+
+
+def _batch(policy, gumbel: float = 0.0) -> TrainBatch:
+    rb = generate(
+        policy,
+        ["two red dots on the left", "one blue dot on the top"],
+        [0, 1],
+        group_size=3,
+        num_steps=4,
+        temperature=1.0,
+        gumbel_temperature=gumbel,
+        guidance_scale=0.0,
+        transition="p1",
+        policy_version=0,
+        generator=torch.Generator().manual_seed(5),
+    )
+    adv = torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(6))
+    return TrainBatch.from_rollout(rb, adv)
+
+
+def _grad(policy, batch, units, shrinkage, micro_batch=4096):
+    policy.zero_grad(set_to_none=True)
+    m = accumulate_gradients(
+        policy, batch, train_steps=units, micro_batch=micro_batch, clip_low=0.2, clip_high=0.28,
+        shrinkage=shrinkage,
+    )  # fmt: skip
+    g = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+    return g, m
+
+
+def test_shrunk_rows_by_hand():
+    # sample 0 steps 0..3, sample 1 steps 0, 1, 3; s = 2: blocks {0, 1} and {2, 3}
+    steps = torch.tensor([0, 1, 2, 3, 0, 1, 3])
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    rows, inverse, start = shrunk_rows(steps, 2, ids)
+    assert start.tolist() == [0, 0, 2, 2, 0, 0, 2]
+    # rows (sample, block start): (0, 0) (0, 2) (1, 0) (1, 2), each named by its first pair
+    assert rows.tolist() == [0, 2, 4, 6]
+    assert inverse.tolist() == [0, 0, 1, 1, 2, 2, 3]
+    rows, inverse, _ = shrunk_rows(steps, 4, ids)  # one block: a row per sample
+    assert rows.tolist() == [0, 4] and inverse.tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_block_starts_are_exact_and_later_steps_are_biased():
+    policy = build_policy(load_config(TOY, SMALL).model).eval()
+    batch = _batch(policy)
+    n = batch.num_samples
+    samples = torch.arange(n).repeat_interleave(4)
+    steps = torch.arange(4).repeat(n)
+    with torch.no_grad():
+        exact = pair_log_probs(policy, batch, samples, steps).view(n, 4)
+        shrunk = pair_log_probs(policy, batch, samples, steps, shrinkage=2).view(n, 4)
+    # the rollout cached the exact transition log-probs (same weights): s = 1 reproduces them
+    torch.testing.assert_close(exact, batch.old_logp, rtol=0, atol=1e-5)
+    # steps 0 and 2 start their blocks: scored from their own state, the same numbers
+    torch.testing.assert_close(shrunk[:, [0, 2]], exact[:, [0, 2]], rtol=0, atol=1e-6)
+    # steps 1 and 3 are scored from the state one step earlier (more masked): not the same
+    assert (shrunk[:, [1, 3]] - exact[:, [1, 3]]).abs().max() > 1e-3
+
+
+def test_gradient_equals_the_full_trajectory_where_blocks_are_exact():
+    """s = 2 training only the block starts {0, 2}: every pair is scored from its own state, so
+    the loss and gradient are the unshrunk ones (the row-sharing machinery changes nothing);
+    s = 1 is the unshrunk code path itself."""
+    policy = build_policy(load_config(TOY, SMALL).model).train()
+    batch = _batch(policy)
+    units = torch.tensor([0, 2])
+    full, m_full = _grad(policy, batch, units, 1)
+    shrunk, m_shrunk = _grad(policy, batch, units, 2)
+    torch.testing.assert_close(shrunk, full, rtol=0, atol=1e-6)
+    assert m_shrunk["loss"] == pytest.approx(m_full["loss"], abs=1e-6)
+    # all four steps: a different gradient (steps 1 and 3 scored from earlier states)
+    all_full, _ = _grad(policy, batch, torch.arange(4), 1)
+    all_shrunk, _ = _grad(policy, batch, torch.arange(4), 2)
+    assert (all_shrunk - all_full).norm() > 1e-3 * all_full.norm()
+
+
+@pytest.mark.parametrize(("s", "passes"), [(1, 4), (2, 2), (3, 2), (4, 1)])
+def test_forward_passes_per_sample_are_ceil_s_over_shrinkage(s, passes):
+    policy = build_policy(load_config(TOY, SMALL).model).train()
+    _, m = _grad(policy, _batch(policy), torch.arange(4), s)  # S = 4: ceil(4 / s) rows
+    assert m["forward_passes_per_sample"] == passes
+
+
+def test_a_block_cut_by_a_micro_batch_runs_twice_and_is_counted():
+    """24 pairs (6 samples x 4 steps, pair k = 4 * sample + step) in micro-batches of 3 at
+    s = 2: a micro-batch's rows are its distinct (sample, step // 2). By hand: k 0-2 ->
+    (0,0) (0,2); k 3-5 -> (0,2) (1,0); k 6-8 -> (1,2) (2,0); k 9-11 -> (2,0) (2,2): 8 rows per 3
+    samples, 16 rows in all, 16 / 6 per sample (block (0,2) ran in two micro-batches)."""
+    policy = build_policy(load_config(TOY, SMALL).model).train()
+    _, m = _grad(policy, _batch(policy), torch.arange(4), 2, micro_batch=3)
+    assert m["forward_passes_per_sample"] == pytest.approx(16 / 6)
+
+
+def _update(cfg_over, batch, policy):
+    cfg = load_config(TOY, [*SMALL, *cfg_over])
+    up = settings_from_config(cfg).update
+    opt = TorchOptimizing(policy, build_optimizer(up, policy), up.grad_clip_norm)
+    plan = UpdatePlanner(up).plan(0, batch.num_samples, batch.group_size)
+    return apply_update(opt, batch, plan, up)
+
+
+@pytest.mark.parametrize("s", [2, 4])
+def test_ratio_is_one_on_the_first_epoch(s):
+    """The learner recomputes the old log-probs under the shrunk scoring before the first pass
+    (the same computation on the same micro-batches): the first ratio is exactly 1. The
+    rollout's own (exact) log-probs would not give 1 at the steps inside a block."""
+    policy = build_policy(load_config(TOY, SMALL).model)
+    batch = _batch(policy)
+    m = _update(
+        [f"train.trajectory_shrinkage={s}", "train.micro_batch_pairs_per_gpu=5", ALL], batch, policy
+    )
+    assert m["first_ratio_abs_dev_max"] == 0.0
+    assert m["ratio_mean"] == 1.0 and m["abs_log_ratio_max"] == 0.0
+    assert 4 / s <= m["forward_passes_per_sample"] < 4  # micro-batches of 5 may split blocks
+    policy = build_policy(load_config(TOY, SMALL).model)
+    with torch.no_grad():
+        n = batch.num_samples
+        shrunk = pair_log_probs(
+            policy, batch, torch.arange(n).repeat_interleave(4), torch.arange(4).repeat(n), s
+        ).view(n, 4)
+    assert (shrunk - batch.old_logp).abs().max() > 1e-3  # what keeping the rollout's would do
+
+
+def test_shrinkage_needs_the_trajectory_estimator_and_at_most_s_steps():
+    with pytest.raises(ValueError, match="trajectory_shrinkage=8"):
+        load_config(TOY, [*SMALL, "train.trajectory_shrinkage=8"])
+    with pytest.raises(ValueError, match="needs likelihood.estimator trajectory"):
+        load_config(
+            TOY, [*SMALL, ALL, "train.trajectory_shrinkage=2", "likelihood.estimator=forward"]
+        )
