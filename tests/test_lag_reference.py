@@ -136,10 +136,29 @@ def test_ray_run_equals_the_local_run(tmp_path, monkeypatch, lag, extra):
     wb = load_file(str(ray_run / "final_policy.safetensors"))
     assert wa.keys() == wb.keys()
     atol = DIVERSITY_WEIGHT_ATOL if extra else WEIGHT_ATOL
-    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    worst, key_bias = _weight_gaps(wa, wb)
     assert worst <= atol, worst
+    # 4 updates of Adam at lr 1e-3 move a weight by at most about 4e-3, round-off or not
+    assert key_bias <= 4 * 1e-3, key_bias
     moved = max(float((wa[k] - w0).abs().max()) for k, w0 in _base(local).items())
     assert moved > (10 * atol if extra else 100 * atol)  # the runs trained: far above the tolerance
+
+
+def _weight_gaps(wa: dict[str, torch.Tensor], wb: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """The largest difference between two final policies outside the attention's key biases,
+    and inside them. A key bias adds the same ``q . b_k`` to every key of a query, which the
+    softmax removes: its exact gradient is 0, so what it receives is round-off, and Adam scales
+    that to steps of up to the learning rate. Those entries follow each run's round-off (1.5e-5
+    apart here on 2026-11-27, where every other weight agreed to 1e-7), not its arithmetic."""
+    worst, key_bias = 0.0, 0.0
+    for k in wa:
+        gap = (wa[k] - wb[k]).abs()
+        if k.endswith("qkv.bias"):  # [3 d]: the query's, the key's, the value's biases
+            d = gap.numel() // 3
+            key_bias = max(key_bias, float(gap[d : 2 * d].max()))
+            gap = torch.cat([gap[:d], gap[2 * d :]])
+        worst = max(worst, float(gap.max()))
+    return worst, key_bias
 
 
 def _base(run: Path) -> dict[str, torch.Tensor]:
