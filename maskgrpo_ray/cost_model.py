@@ -136,14 +136,11 @@ class CostProfile:
         return asdict(self)
 
 
-# Measured on one H100 80GB HBM3 (bench/bench_gpu.py, 2026-11-27, torch 2.11.0+cu130, bf16,
-# the full-size architecture with random weights; docs/gpu.md): per image side, (rollout
-# seconds per image-step, learner seconds per (sample, step) pair) for each cached likelihood.
-# Rollout: Show-o's sampler at N = 24 images a call at 512 px (N = 6: 3% slower), N = 48 at
-# 256 px. Learner: ``apply_update`` at micro-batch 8 (512 px, the shipped config's) and 16
-# (256 px, the largest measured; the config's 24 was not). "marginal" is what the shipped
-# configs train with (p1 with the Gumbel noise integrated out); "eq14" is Eq. 14 as printed,
-# which also costs what a forward-estimator pair does (one masked forward + backward at L).
+# Measured on one H100 80GB HBM3 (bench/bench_gpu.py, 2026-11-27, bf16, random weights;
+# docs/gpu.md): per (image side, likelihood), rollout seconds per image-step (N = 24 images a
+# call at 512 px, 48 at 256) and learner seconds per pair (micro-batch 8 at 512 px, the
+# config's; 16 at 256). "marginal": the shipped configs' p1 with the Gumbel noise integrated
+# out; "eq14": Eq. 14 as printed, also what a forward-estimator pair costs.
 H100_MEASURED: dict[tuple[int, str], tuple[float, float]] = {
     (512, "marginal"): (20.27 / (24 * 50), 3.017 / 48),
     (512, "eq14"): (12.47 / (24 * 50), 1.643 / 48),
@@ -173,11 +170,9 @@ def showo_profile(
     learner_mfu: float | None = None,
     device: str = "H100 SXM",
 ) -> CostProfile:
-    """Show-o at ``image_px`` on ``device`` from :data:`SHOWO_FLOPS` at the stated MFUs; by
-    default the MFUs measured on an H100 (:data:`H100_MEASURED`, :func:`measured_mfu`: the
-    shipped configs' marginal likelihood in the rollout, and in the learner the marginal for
-    the trajectory estimator, Eq. 14's cost for a forward-estimator pair), so an H100 profile
-    gives the measured seconds and another device the same efficiency at its own peak."""
+    """Show-o at ``image_px`` on ``device`` from :data:`SHOWO_FLOPS` at the stated MFUs, by
+    default those measured on an H100 (:func:`measured_mfu`; a forward-estimator pair at Eq.
+    14's): an H100 gets the measured seconds, another device that efficiency at its peak."""
     tokens = (image_px // 16) ** 2
     peak = peak_bf16(device)
     if peak is None:
@@ -188,7 +183,7 @@ def showo_profile(
         rollout_mfu = measured_mfu(image_px, "marginal")[0]
     if learner_mfu is None:
         learner_mfu = measured_mfu(image_px, pair_likelihood)[1]
-    how = "measured on an H100, bench/bench_gpu.py 2026-11-27" if measured else "stated"
+    how = "measured on an H100 on 2026-11-27 (cost_model.H100_MEASURED)" if measured else "stated"
     image_pass = SHOWO_FLOPS.image_pass(tokens)
     clip = VIT_H14_IMAGE_FLOPS  # the reward: CLIP ViT-H-14 (maskgrpo_ray.reward_cost: a config's)
     return CostProfile(

@@ -181,6 +181,7 @@ def test_the_check_fails_when_a_declaration_is_removed(dists_of):
     assert {p.split(" ")[0] for p in problems} == {
         "maskgrpo_ray/metrics.py",
         "maskgrpo_ray/evaluation/report.py",
+        "maskgrpo_ray/monitors.py",
     }, problems
     # pyarrow's extra emptied: data.py's Parquet reader is named
     cut = re.sub(r"^parquet = \[.*\]$", "parquet = []", text, flags=re.M)
