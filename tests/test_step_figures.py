@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.step.phases import FilterResult, generate
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.pipeline.messages import ScoredBatch
+from maskgrpo_ray.pipeline.phases import FilterResult, generate
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
