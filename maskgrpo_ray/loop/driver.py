@@ -46,7 +46,7 @@ from maskgrpo_ray.pipeline.data_plane import fetch_rollout
 from maskgrpo_ray.pipeline.learner_core import LearnerLost
 from maskgrpo_ray.pipeline.messages import TrainBatch, tensor_nbytes
 from maskgrpo_ray.pipeline.phases import make_train_batch
-from maskgrpo_ray.pipeline.settings import advantage_settings
+from maskgrpo_ray.pipeline.settings import StepSettings, step_settings
 from maskgrpo_ray.runlog.run_log import RunLog
 
 __all__ = ["EvalSet", "RunFailed", "StepOutcome", "make_source", "run_step", "train"]
@@ -69,7 +69,7 @@ def make_source(ex: Executor, cfg: Config, stream: Any) -> GroupSource:
 
 def run_step(
     ex: Executor,
-    cfg: Config,
+    settings: StepSettings,
     step: int,
     source: GroupSource,
     pending: list[Pending] | None = None,
@@ -100,15 +100,17 @@ def run_step(
     row["policy_version_lag"] = ex.policy_version - scored.rollout.policy_version
     keep = None
     if col.kept is not None:
-        keep = check_rollout(col.kept.rollout, ex.policy_version, cfg, step, row)
+        keep = check_rollout(
+            col.kept.rollout, ex.policy_version, settings.max_policy_lag, step, row
+        )
     if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
-            tb = make_train_batch(col.kept, keep, advantage_settings(cfg))
+            tb = make_train_batch(col.kept, keep, settings.advantage)
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
             row.update(ex.update(tb))
-        onpolicy_check(row, step, cfg.train.onpolicy_ratio_tolerance)
+        onpolicy_check(row, step, settings.onpolicy_ratio_tolerance)
         row["groups_trained"] = float(keep.sum())
         indices = col.kept.rollout.prompt_indices
         row["prompts_trained"] = [p for p, k in zip(indices, keep.tolist()) if k]
@@ -118,14 +120,14 @@ def run_step(
             "step %d: no group survived scoring, filtering and the staleness check; update skipped",
             step,
         )
-    if cfg.rollout.max_policy_lag == 1:  # lag 1 is exact: no rollout sees the new weights
+    if settings.max_policy_lag == 1:  # lag 1 is exact: no rollout sees the new weights
         with timer("wait_rollouts_ahead"):
             source.wait(queue[-1] if queue else None)
     if keep is not None and bool(keep.any()):
         with timer("sync"):
             row["weight_sync_seconds"] = ex.sync_weights()
     grid = None
-    if grid_due(cfg, step):  # the one time the driver fetches rollout tensors (Ray)
+    if grid_due(settings, step):  # the one time the driver fetches rollout tensors (Ray)
         grid = fetch_rollout(scored.rollout, images=True)
         row["bytes/driver_grid"] = float(tensor_nbytes(grid))
     row.update(col.filter_stats)
@@ -133,7 +135,7 @@ def run_step(
     for k, v in col.traffic.take().items():  # the collection's bytes join the update's
         if k in row:  # (a backend that counts none reports none)
             row[k] += v
-    n_samples = int(col.stats["groups_generated"]) * cfg.rollout.samples_per_prompt
+    n_samples = int(col.stats["groups_generated"]) * settings.samples_per_prompt
     closing_figures(row, timer.seconds, time.perf_counter() - t0, n_samples)
     return StepOutcome(row, scored, col.generated.reward_failures, grid), queue
 
@@ -203,6 +205,7 @@ class _Loop:
     """The state the step loop carries between steps."""
 
     cfg: Config
+    settings: StepSettings  # what run_step reads, made once at the start
     ex: Executor
     source: GroupSource
     runlog: RunLog
@@ -226,7 +229,9 @@ class _Loop:
         pending, self.pending = self.pending, []
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
         ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
-        out, self.pending = run_step(self.ex, cfg, step, self.source, pending, ahead=ahead)
+        out, self.pending = run_step(
+            self.ex, self.settings, step, self.source, pending, ahead=ahead
+        )
         row = out.row
         row.update(probed)
         count_step(cfg, out, self.totals)
@@ -365,9 +370,11 @@ def train(
     t_start = time.perf_counter()
     source = make_source(ex, cfg, stream)
     totals = {"samples": 0.0, "train_seconds": 0.0}
-    loop = _Loop(cfg, ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg))
+    loop = _Loop(
+        cfg, step_settings(cfg), ex, source, runlog, eval_prompts, {}, totals, Cadence(cfg)
+    )
     if cfg.train.step_signal_every_steps:
-        loop.probe = StepSignalProbe(cfg, ex, list(stream.prompts))
+        loop.probe = StepSignalProbe(cfg, ex, list(stream.prompts), loop.settings.advantage)
     if cfg.logging.monitors.enabled:
         loop.monitor = Monitor(cfg, ex, eval_prompts)
         runlog.monitor_rules = loop.monitor.rules  # monitors.png beside the reward curve

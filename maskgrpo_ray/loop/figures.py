@@ -16,6 +16,7 @@ from maskgrpo_ray.loop.collect import Collected
 from maskgrpo_ray.pipeline.data_plane import rollout_nbytes
 from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
 from maskgrpo_ray.pipeline.phases import reward_failure_metrics
+from maskgrpo_ray.pipeline.settings import StepSettings
 from maskgrpo_ray.runlog.monitors import reward_agreement
 
 
@@ -134,7 +135,7 @@ def run_summary(
     }
 
 
-def grid_due(cfg: Config, step: int) -> bool:
+def grid_due(settings: StepSettings, step: int) -> bool:
     """Whether ``step`` draws a sample grid (``logging.sample_grid_every_steps``, and the last)."""
-    g = cfg.logging.sample_grid_every_steps
-    return bool(g) and (step % g == 0 or step == cfg.train.steps - 1)
+    g = settings.sample_grid_every_steps
+    return bool(g) and (step % g == 0 or step == settings.steps - 1)

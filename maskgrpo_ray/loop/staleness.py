@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.config import Config
 from maskgrpo_ray.pipeline.data_plane import RolloutRefs
 
 log = logging.getLogger(__name__)
@@ -79,14 +78,14 @@ def staleness_check(
 
 
 def check_rollout(
-    rollout: Any, learner_version: int, cfg: Config, step: int, row: dict[str, Any]
+    rollout: Any, learner_version: int, max_policy_lag: int, step: int, row: dict[str, Any]
 ) -> torch.Tensor:
     """:func:`staleness_check` of a step's kept rollout against ``rollout.max_policy_lag``,
     its figures into ``row``; the groups that stay, bool ``[B]``."""
     keep, figures = staleness_check(
         group_versions(rollout),
         learner_version,
-        cfg.rollout.max_policy_lag,
+        max_policy_lag,
         rollout.group_size,
         step,
     )

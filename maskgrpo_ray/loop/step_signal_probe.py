@@ -229,6 +229,7 @@ class StepSignalProbe:
     cfg: Config
     ex: Any
     prompts: list[str]
+    advantage: AdvantageSettings  # the run's, made once at the start (StepSettings.advantage)
 
     def due(self, step: int) -> bool:
         every = self.cfg.train.step_signal_every_steps
@@ -238,14 +239,12 @@ class StepSignalProbe:
         """The probe of ``step`` when due: its row (``{}`` when not)."""
         if not self.due(step):
             return {}
-        from maskgrpo_ray.pipeline.settings import advantage_settings
-
         t = self.cfg.train
         t0 = time.perf_counter()
         p = t.step_signal_prompts_per_batch or t.prompts_per_step
         spec = ProbeSpec.of_run(self.cfg.run.seed, step, t.step_signal_batches, p)
         scored = self.ex.probe_rollouts(spec.chunks(self.prompts))
-        real, shuffled = probe_batches(scored, spec, advantage_settings(self.cfg))
+        real, shuffled = probe_batches(scored, spec, self.advantage)
         signal, selected = self.ex.step_signal(real, shuffled)
         row: dict[str, Any] = signal.row(t.unmasking_step_auto_margin)
         if selected is not None:

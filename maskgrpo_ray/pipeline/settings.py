@@ -385,6 +385,31 @@ def advantage_settings(cfg: Config) -> AdvantageSettings:
     )
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """What the driver's step loop reads on every step, made once at the start
+    (:func:`step_settings`): the loop never holds the :class:`Config` to rebuild from it."""
+
+    advantage: AdvantageSettings  # the kept groups' advantages (phases.make_train_batch)
+    max_policy_lag: int  # rollout.max_policy_lag: the staleness check, lag 1's wait
+    samples_per_prompt: int  # rollout.samples_per_prompt
+    onpolicy_ratio_tolerance: float  # train.onpolicy_ratio_tolerance
+    sample_grid_every_steps: int  # logging.sample_grid_every_steps (0: none)
+    steps: int  # train.steps (the last step draws a grid too)
+
+
+def step_settings(cfg: Config) -> StepSettings:
+    """The step loop's settings (:class:`StepSettings`), built once per run."""
+    return StepSettings(
+        advantage=advantage_settings(cfg),
+        max_policy_lag=cfg.rollout.max_policy_lag,
+        samples_per_prompt=cfg.rollout.samples_per_prompt,
+        onpolicy_ratio_tolerance=cfg.train.onpolicy_ratio_tolerance,
+        sample_grid_every_steps=cfg.logging.sample_grid_every_steps,
+        steps=cfg.train.steps,
+    )
+
+
 def settings_from_config(cfg: Config) -> RunSettings:
     """Build every role's settings from the validated config (the one place that reads it)."""
     rollout = _rollout_settings(cfg)
