@@ -12,7 +12,7 @@ CUDA is never touched. Nothing here is a GPU measurement; figures are in *simula
 second (wall images/s x time_scale) beside the ideal the profile implies:
 
 * synchronous ``images / (R + L + W)``, asynchronous ``images / max(R, L + W)``
-  (``cost_model.pipeline_ideal``), and beside every row the work-conserving limit
+  (``planner.split.pipeline_ideal``), and beside every row the work-conserving limit
   ``n / (r + l)`` that no split of its ``n`` GPUs can beat;
 * efficiency = measured / ideal.
 
@@ -138,7 +138,8 @@ def ideal_costs(cfg: Any, nr: int, nl: int) -> list[float]:
 
 
 def ideal_of(cfg: Any, nr: int, nl: int) -> Any:
-    from maskgrpo_ray.planner.cost_model import pipeline_ideal, step_costs
+    from maskgrpo_ray.planner.cost_model import step_costs
+    from maskgrpo_ray.planner.split import pipeline_ideal
     from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     profile = sim_settings(cfg.model).cost_profile()
@@ -331,7 +332,7 @@ def resize_learner(ex: Any, num_workers: int) -> None:
 def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
     """Each rollout/learner split of 16 GPUs, asynchronous (lag 1), trajectory profile, on one
     executor (its rollout actors scaled, its learner group re-formed per split)."""
-    from maskgrpo_ray.planner.cost_model import plan_split
+    from maskgrpo_ray.planner.split import plan_split
     from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     n, rows = 16, []
@@ -419,7 +420,8 @@ def run_split(
 
 def planned(args: argparse.Namespace, extra: list[str], gpus: int) -> tuple[int, int]:
     """The planner's split of ``gpus`` for the trajectory profile with ``extra``."""
-    from maskgrpo_ray.planner.cost_model import plan_split, workload_of
+    from maskgrpo_ray.planner.cost_model import workload_of
+    from maskgrpo_ray.planner.split import plan_split
     from maskgrpo_ray.worlds.toy.sim import sim_settings
 
     cfg = make_cfg(args, "trajectory", 1, 1, *extra)

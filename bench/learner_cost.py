@@ -134,7 +134,8 @@ def showo_cost(overrides: list[str]) -> dict[str, float]:
     (``cost_model.probe_overhead``); the planner's split does not (the probe runs between
     steps)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.planner.cost_model import PROFILES, plan_split, probe_overhead, workload_of
+    from maskgrpo_ray.planner.cost_model import PROFILES, probe_overhead, workload_of
+    from maskgrpo_ray.planner.split import plan_split
 
     config, shape, _ = WORLDS[WORLD[0]]
     toy_cfg = load_config(lab.ROOT / config, [*shape, *overrides])

@@ -77,7 +77,7 @@ def test_status_joins_a_loopback_head_and_fails_fast_without_it(tmp_path):
 @pytest.fixture
 def local_head(monkeypatch):
     """A stand-in for the local head's address file (the module reads it through one call)."""
-    from maskgrpo_ray.backend import cluster as ray_cluster
+    from maskgrpo_ray.cluster import attach as ray_cluster
 
     state = {"address": "127.0.0.1:26379"}
     monkeypatch.setattr(ray_cluster, "_local_head_address", lambda: state["address"])
@@ -126,7 +126,7 @@ def test_train_joins_the_gcs_behind_a_job_api_url_in_ray_address(local_head, mon
 
     import ray
 
-    from maskgrpo_ray.backend import cluster as ray_cluster
+    from maskgrpo_ray.cluster import attach as ray_cluster
 
     calls = []
     dashboard = {"url": "127.0.0.1:8265"}

@@ -20,12 +20,11 @@ from maskgrpo_ray.planner.cost_model import (
     Workload,
     measured_mfu,
     peak_bf16,
-    pipeline_ideal,
-    plan_split,
     resolve_profile,
     showo_profile,
     step_costs,
 )
+from maskgrpo_ray.planner.split import pipeline_ideal, plan_split
 
 KEYS = Path(__file__).parents[2] / "shared/fixtures/showo_reference/showo_512_state_keys.json"
 

@@ -27,13 +27,11 @@ from maskgrpo_ray.planner.checkpoint_cost import CheckpointCost, checkpoint_byte
 from maskgrpo_ray.planner.cost_model import (
     PROFILES,
     CostProfile,
-    SplitPlan,
     Workload,
-    pipeline_ideal,
-    plan_split,
     showo_profile,
 )
 from maskgrpo_ray.planner.reward_cost import with_rewards
+from maskgrpo_ray.planner.split import SplitPlan, pipeline_ideal, plan_split
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

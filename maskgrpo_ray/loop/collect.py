@@ -24,14 +24,18 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from maskgrpo_ray.loop.executor import GroupWork, PhaseTimer
+from maskgrpo_ray.loop.executor import Executor, GroupWork, PhaseTimer
 from maskgrpo_ray.pipeline.data_plane import Traffic
 from maskgrpo_ray.pipeline.messages import (  # Chunk: the message, importable from here too
     Chunk,
     ScoredBatch,
 )
+from maskgrpo_ray.pipeline.settings import StepSettings
+
+if TYPE_CHECKING:
+    from maskgrpo_ray.config import Config
 
 GROUP_STATS = ("groups_generated", "groups_dropped", "groups_invalid", "groups_exhausted")
 
@@ -236,3 +240,31 @@ class GroupSource:
         generated = ScoredBatch.concat(all_parts)
         filter_stats = self.work.filter_stats()
         return Collected(step, generated, kept, stats, filter_stats, timer.seconds, traffic, ahead)
+
+
+def make_source(ex: Executor, cfg: Config, stream: Any) -> GroupSource:
+    """The run's group source over ``ex`` and the prompt stream."""
+    return GroupSource(
+        ex,
+        stream,
+        prompts_per_step=cfg.train.prompts_per_step,
+        max_resamples=cfg.filter.max_resamples,
+        chunk_prompts=None,  # the executor's, when each step is submitted
+        run_seed=cfg.run.seed,
+        background=ex.runs_ahead,
+    )
+
+
+def steps_ahead(settings: StepSettings, step: int, stopping: bool) -> int:
+    """How many steps after ``step`` may have their rollouts submitted during its update: up
+    to ``rollout.max_policy_lag``, never past the last step, never across a checkpoint (so a
+    checkpoint holds no rollout in flight and a resume is the run it continues), none once a
+    stop is requested (``stopping``)."""
+    if stopping:
+        return 0
+    ck, n = settings.checkpoint_every_steps, 0
+    for j in range(step + 1, step + settings.max_policy_lag + 1):
+        if j >= settings.steps or (ck and j % ck == 0):
+            break
+        n += 1
+    return n

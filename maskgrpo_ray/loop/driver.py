@@ -20,7 +20,7 @@ from typing import Any
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.evaluation.generation import ceiling_figures
 from maskgrpo_ray.evaluation.weights import export_final_policy
-from maskgrpo_ray.loop.collect import GroupSource, Pending
+from maskgrpo_ray.loop.collect import GroupSource, Pending, make_source, steps_ahead
 from maskgrpo_ray.loop.executor import Executor, PhaseTimer
 from maskgrpo_ray.loop.figures import (
     StepOutcome,
@@ -52,19 +52,6 @@ from maskgrpo_ray.runlog.run_log import RunLog
 __all__ = ["EvalSet", "RunFailed", "StepOutcome", "make_source", "run_step", "train"]
 
 log = logging.getLogger(__name__)
-
-
-def make_source(ex: Executor, cfg: Config, stream: Any) -> GroupSource:
-    """The run's group source over ``ex`` and the prompt stream."""
-    return GroupSource(
-        ex,
-        stream,
-        prompts_per_step=cfg.train.prompts_per_step,
-        max_resamples=cfg.filter.max_resamples,
-        chunk_prompts=None,  # the executor's, when each step is submitted
-        run_seed=cfg.run.seed,
-        background=ex.runs_ahead,
-    )
 
 
 def run_step(
@@ -185,21 +172,6 @@ def _tag_grid(loop: _Loop, name: str) -> Path | None:
     return None
 
 
-def steps_ahead(cfg: Config, step: int, stop: Preemption) -> int:
-    """How many steps after ``step`` may have their rollouts submitted during its update: up
-    to ``rollout.max_policy_lag``, never past the last step, never across a checkpoint (so a
-    checkpoint holds no rollout in flight and a resume is the run it continues), none once a
-    stop is requested."""
-    if stop.requested:
-        return 0
-    ck, n = cfg.run.checkpoint_every_steps, 0
-    for j in range(step + 1, step + cfg.rollout.max_policy_lag + 1):
-        if j >= cfg.train.steps or (ck and j % ck == 0):
-            break
-        n += 1
-    return n
-
-
 @dataclass
 class _Loop:
     """The state the step loop carries between steps."""
@@ -228,7 +200,7 @@ class _Loop:
             probed.update(self.monitor.probe(step))
         pending, self.pending = self.pending, []
         # a time-based checkpoint is due: submit nothing ahead, so the next boundary is clean
-        ahead = 0 if self.cadence.time_due() else steps_ahead(cfg, step, stop)
+        ahead = 0 if self.cadence.time_due() else steps_ahead(self.settings, step, stop.requested)
         out, self.pending = run_step(
             self.ex, self.settings, step, self.source, pending, ahead=ahead
         )

@@ -396,6 +396,7 @@ class StepSettings:
     onpolicy_ratio_tolerance: float  # train.onpolicy_ratio_tolerance
     sample_grid_every_steps: int  # logging.sample_grid_every_steps (0: none)
     steps: int  # train.steps (the last step draws a grid too)
+    checkpoint_every_steps: int  # run.checkpoint_every_steps: no submission ahead crosses one
 
 
 def step_settings(cfg: Config) -> StepSettings:
@@ -407,6 +408,7 @@ def step_settings(cfg: Config) -> StepSettings:
         onpolicy_ratio_tolerance=cfg.train.onpolicy_ratio_tolerance,
         sample_grid_every_steps=cfg.logging.sample_grid_every_steps,
         steps=cfg.train.steps,
+        checkpoint_every_steps=cfg.run.checkpoint_every_steps,
     )
 
 
