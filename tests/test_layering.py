@@ -56,7 +56,17 @@ ROOMS: dict[str, tuple[str, set[str]]] = {
     ),
     "evaluation": (
         "`maskgrpo eval`: generation, metrics, FID, GenEval, the report",
-        {"algo", "config", "errors", "extras", "models", "pipeline", "prompts", "rewards", "worlds"},
+        {
+            "algo",
+            "config",
+            "errors",
+            "extras",
+            "models",
+            "pipeline",
+            "prompts",
+            "rewards",
+            "worlds",
+        },
     ),
     "loop": (
         "the step loop, the same for every backend: driver, collect, recovery",
