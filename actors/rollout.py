@@ -161,7 +161,7 @@ class RolloutActor(PoolActor):
         return generate_unit(self.policy, unit, settings).images
 
     def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
-        """One step-signal probe batch (``step.step_signal``): a training rollout of the chunk
+        """One step-signal probe batch (``loop.step_signal_probe``): a training rollout of the chunk
         with the current weights and its seed, scored here with the run's reward (the
         evaluation's copy), whole but for its images (the learner ranks measure it)."""
         if self._eval_reward is None:

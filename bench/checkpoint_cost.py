@@ -7,7 +7,7 @@
 checkpoints (the snapshot on the step's path and the background write timed apart), and a state
 dict of ``--state-gb`` GB (Show-o 512's learner state by default: 1.448B parameters, bf16 weights,
 fp32 masters and Adam moments; on ``--device``) is snapshotted into host memory
-(``step.snapshot.host_copy``: pinned memory from a GPU) and written through
+(``loop.snapshot.host_copy``: pinned memory from a GPU) and written through
 ``storage.CheckpointStore.save`` (files, manifest sha256, fsync, publish), each timed: what the
 step loop waits for against what the background writer takes. It needs twice the state in
 host memory (the state and its snapshot; on a GPU, the state is on the device).

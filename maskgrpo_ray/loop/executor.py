@@ -6,7 +6,7 @@ Ray cluster). The part a :class:`~maskgrpo_ray.loop.collect.GroupSource` uses (g
 filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load; the
 ``train`` command calls the rest (prompt checks and metadata, the step-end hook, shutdown).
 
-Ground floor of the loop: this module imports only the messages (``types``, ``data_plane``),
+Ground floor of the loop: this module imports only the messages (``pipeline.messages``, ``pipeline.data_plane``),
 and those only for annotations.
 """
 
@@ -106,7 +106,7 @@ class Executor(GroupWork, Protocol):
         self, real: list[TrainBatch], shuffled: list[TrainBatch]
     ) -> tuple[Any, list[int] | None]:
         """The step-signal measurement of the probe batches on the learner's current weights
-        (a ``step.step_signal.StepSignal``), and the ``auto`` selection it leaves in force
+        (a ``loop.step_signal_probe.StepSignal``), and the ``auto`` selection it leaves in force
         (None: the selection is not ``auto``)."""
 
     def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:

@@ -5,7 +5,7 @@ Shapes use the project vocabulary: ``B`` prompts, ``G`` samples per prompt, ``N 
 ``L`` image tokens, ``S`` unmasking steps, ``P`` condition tokens, ``H x W`` pixels.
 Groups are contiguous: sample ``n`` belongs to prompt ``n // G``.
 
-This is the ground floor: it imports torch only. A rollout that stays in Ray's object store
+It imports torch only (the rest of the pipeline builds on it). A rollout that stays in Ray's object store
 (``data_plane.RolloutRefs``) travels in a :class:`ScoredBatch` as a :class:`RolloutView`.
 """
 

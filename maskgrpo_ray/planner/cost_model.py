@@ -186,7 +186,7 @@ def showo_profile(
         rollout_mfu = measured_mfu(image_px, "marginal")[0]
     if learner_mfu is None:
         learner_mfu = measured_mfu(image_px, pair_likelihood)[1]
-    how = "measured on an H100, bench/bench_gpu.py 2026-11-27" if measured else "stated"
+    how = "measured on an H100 2026-11-27 (the repository's bench_gpu.py)" if measured else "stated"
     image_pass = SHOWO_FLOPS.image_pass(tokens)
     clip = VIT_H14_IMAGE_FLOPS  # the reward: CLIP ViT-H-14 (maskgrpo_ray.planner.reward_cost: a config's)
     return CostProfile(

@@ -1,7 +1,7 @@
 """Monitors: reward hacking and collapse seen as they start (docs/monitors.md).
 
 Pure functions on tensors and on a run's rows (``metrics.jsonl``); the driver's phase is
-``step.monitoring``. Four kinds of figure:
+``loop.monitoring``. Four kinds of figure:
 
 * **image statistics** of every training sample (:func:`image_statistics`, computed where the
   images are: beside the reward, so the Ray and the local backend log the same): colour entropy,
@@ -17,7 +17,7 @@ Pure functions on tensors and on a run's rows (``metrics.jsonl``); the driver's 
 * **alarms**: a rule on those figures, per step (:func:`monitor_figures`), tripping once per
   run with one log line (the driver's).
 
-Ground floor: imports torch only (matplotlib inside :func:`monitors_figure`).
+Imports torch only (matplotlib inside :func:`monitors_figure`).
 """
 
 from __future__ import annotations
