@@ -14,9 +14,9 @@ import torch
 
 from maskgrpo_ray.actors.base import ActorProcess, outlive_sigterm
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.build import build_filter
-from maskgrpo_ray.settings import FilterSettings
-from maskgrpo_ray.step.phases import FilterResult, filter_rewards
+from maskgrpo_ray.pipeline.build import build_filter
+from maskgrpo_ray.pipeline.phases import FilterResult, filter_rewards
+from maskgrpo_ray.pipeline.settings import FilterSettings
 
 
 class FilterActor(ActorProcess):

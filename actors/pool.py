@@ -20,7 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from maskgrpo_ray.actors.base import wait_ready
-from maskgrpo_ray.settings import ActorResources, RunSettings
+from maskgrpo_ray.pipeline.settings import ActorResources, RunSettings
 
 log = logging.getLogger(__name__)
 PLACEMENT_NOTICE_S = 10.0  # a placement group not ready this long is announced once

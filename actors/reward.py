@@ -15,13 +15,13 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import PoolActor
-from maskgrpo_ray.backend.cluster import apply_env_defaults
-from maskgrpo_ray.backend.metrics import process_metrics
-from maskgrpo_ray.build import build_reward_from_settings, resolve_device
+from maskgrpo_ray.cluster.attach import apply_env_defaults
+from maskgrpo_ray.cluster.ray_metrics import process_metrics
+from maskgrpo_ray.pipeline.build import build_reward_from_settings, resolve_device
+from maskgrpo_ray.pipeline.messages import RewardResult, RolloutBatch, merge_reward_failures
+from maskgrpo_ray.pipeline.phases import reward_failure_metrics, score_rewards
+from maskgrpo_ray.pipeline.settings import RewardSettings
 from maskgrpo_ray.rewards.base import Reward
-from maskgrpo_ray.settings import RewardSettings
-from maskgrpo_ray.step.phases import reward_failure_metrics, score_rewards
-from maskgrpo_ray.types import RewardResult, RolloutBatch, merge_reward_failures
 
 
 class RewardActor(PoolActor):

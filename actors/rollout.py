@@ -1,6 +1,6 @@
 """RolloutActor: holds a policy and turns prompt chunks into groups of G recorded samples.
 
-Thin: each method unpacks a message, calls ``maskgrpo_ray.step.phases``, packs the answer. The
+Thin: each method unpacks a message, calls ``maskgrpo_ray.pipeline.phases``, packs the answer. The
 actor's weights come only from the learner (``load_weights``, versioned); every rollout it
 makes is tagged with that version. Seeds come with the request, so a chunk's samples do not
 depend on which actor ran it (a re-issued chunk reproduces the lost one exactly).
@@ -16,18 +16,18 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import PoolActor
-from maskgrpo_ray.backend.cluster import apply_env_defaults
-from maskgrpo_ray.backend.metrics import process_metrics
-from maskgrpo_ray.backend.weight_transfer import Channel, TensorMeta
-from maskgrpo_ray.build import build_policy, build_reward_from_settings, resolve_device
+from maskgrpo_ray.cluster.attach import apply_env_defaults
+from maskgrpo_ray.cluster.ray_metrics import process_metrics
+from maskgrpo_ray.cluster.weight_transfer import Channel, TensorMeta
 from maskgrpo_ray.config import ModelConfig
-from maskgrpo_ray.data_plane import RolloutMeta
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
 from maskgrpo_ray.models.base import prompt_problems
-from maskgrpo_ray.settings import EvalSettings, RewardSettings, RolloutSettings
-from maskgrpo_ray.step.phases import generate, score
-from maskgrpo_ray.types import RolloutBatch, ScoredBatch
+from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings, resolve_device
+from maskgrpo_ray.pipeline.data_plane import RolloutMeta
+from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
+from maskgrpo_ray.pipeline.phases import generate, score
+from maskgrpo_ray.pipeline.settings import EvalSettings, RewardSettings, RolloutSettings
 
 
 class RolloutActor(PoolActor):
@@ -79,7 +79,7 @@ class RolloutActor(PoolActor):
         bucket_bytes: int,
         timeout_s: float,
     ) -> int:
-        """Join a collective weight-sync group (``maskgrpo_ray/backend/weight_transfer.py``) as
+        """Join a collective weight-sync group (``maskgrpo_ray/cluster/weight_transfer.py``) as
         ``rank``; blocks until every member has joined. Replaces (closes) any earlier group."""
         if self._sync is not None:
             self._sync.close()
@@ -141,7 +141,7 @@ class RolloutActor(PoolActor):
         """:meth:`generate` as three objects: a small :class:`RolloutMeta` (all the driver
         fetches), the rollout without its images (the reward actor and the learner ranks fetch
         it) and the images ``uint8 [N, H, W, 3]`` (the reward actor's; the driver's only when
-        it draws a sample grid). ``maskgrpo_ray.data_plane`` says who reads what."""
+        it draws a sample grid). ``maskgrpo_ray.pipeline.data_plane`` says who reads what."""
         batch = self.generate(prompts, positions, seed)
         return RolloutMeta.of(batch), batch.without_images(), batch.images
 
@@ -161,7 +161,7 @@ class RolloutActor(PoolActor):
         return generate_unit(self.policy, unit, settings).images
 
     def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
-        """One step-signal probe batch (``step.step_signal``): a training rollout of the chunk
+        """One step-signal probe batch (``loop.step_signal_probe``): a training rollout of the chunk
         with the current weights and its seed, scored here with the run's reward (the
         evaluation's copy), whole but for its images (the learner ranks measure it)."""
         if self._eval_reward is None:

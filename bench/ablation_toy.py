@@ -306,8 +306,8 @@ def main() -> None:
         names = [next(iter(VARIANTS)), *names]  # the paired reference always runs
     seeds = [int(s) for s in args.seeds.split(",")]
     # pre-train (or load) the toy base model once, before workers race for the cache
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
 
     build_policy(load_config(ROOT / "configs" / "toy.yaml").model)
     jobs = [(n, s, args.steps) for n in names for s in seeds]

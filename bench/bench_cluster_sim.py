@@ -5,14 +5,14 @@
 
 Every row runs the real system (``RayExecutor``, the driver's loop, rollout / reward / filter
 actors, DeepSpeed learner ranks, the weight sync) on ``model.kind: sim``
-(``maskgrpo_ray.models.sim``): a tiny real policy whose calls take the time a cost profile gives
-Show-o on an H100 (``maskgrpo_ray.cost_model``), times ``time_scale``. One local Ray cluster with
+(``maskgrpo_ray.worlds.toy.sim``): a tiny real policy whose calls take the time a cost profile gives
+Show-o on an H100 (``maskgrpo_ray.planner.cost_model``), times ``time_scale``. One local Ray cluster with
 logical GPUs (``num_gpus``) hosts every row: actors ask for GPUs exactly as on a GPU cluster and
 CUDA is never touched. Nothing here is a GPU measurement; figures are in *simulated* images per
 second (wall images/s x time_scale) beside the ideal the profile implies:
 
 * synchronous ``images / (R + L + W)``, asynchronous ``images / max(R, L + W)``
-  (``cost_model.pipeline_ideal``), and beside every row the work-conserving limit
+  (``planner.split.pipeline_ideal``), and beside every row the work-conserving limit
   ``n / (r + l)`` that no split of its ``n`` GPUs can beat;
 * efficiency = measured / ideal.
 
@@ -80,7 +80,7 @@ def start_cluster(gpus: int, cpus: int) -> None:
     """One local loopback Ray cluster with ``gpus`` logical GPUs for every row."""
     import ray
 
-    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.cluster.attach import apply_env_defaults, force_loopback
 
     apply_env_defaults()
     force_loopback()
@@ -130,16 +130,17 @@ def make_cfg(args: argparse.Namespace, estimator: str, nr: int, nl: int, *extra:
 
 def ideal_costs(cfg: Any, nr: int, nl: int) -> list[float]:
     """The profile's R, L, W (simulated seconds) of a step on the split."""
-    from maskgrpo_ray.cost_model import step_costs
-    from maskgrpo_ray.models.sim import sim_settings, workload_of
+    from maskgrpo_ray.planner.cost_model import step_costs
+    from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     c = step_costs(sim_settings(cfg.model).cost_profile(), workload_of(cfg), nr, nl)
     return [c.rollout_s, c.learner_s, c.sync_s]
 
 
 def ideal_of(cfg: Any, nr: int, nl: int) -> Any:
-    from maskgrpo_ray.cost_model import pipeline_ideal, step_costs
-    from maskgrpo_ray.models.sim import sim_settings, workload_of
+    from maskgrpo_ray.planner.cost_model import step_costs
+    from maskgrpo_ray.planner.split import pipeline_ideal
+    from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     profile = sim_settings(cfg.model).cost_profile()
     return pipeline_ideal(step_costs(profile, workload_of(cfg), nr, nl))
@@ -195,9 +196,9 @@ def last_measured(rec: Recorder) -> int:
 
 def train_steps(cfg: Any, ex: Any, steps: int, after: Any = None) -> Recorder:
     """``driver.train`` for ``steps`` steps on ``ex`` (the real loop), recording step ends."""
-    from maskgrpo_ray.data import PromptStream, load_prompts
-    from maskgrpo_ray.settings import settings_from_config
-    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.loop import driver
+    from maskgrpo_ray.pipeline.settings import settings_from_config
+    from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps})})
     if settings_from_config(cfg).update != ex.settings.update:  # the learner took its own
@@ -271,10 +272,10 @@ def section_scaling(args: argparse.Namespace, ex: Any) -> list[Row]:
     rollout actors, each given the same work per collection (``--scaling-prompts`` prompts per
     actor: weak scaling, so every row's collection lasts the same simulated time and the
     learner takes no part)."""
-    from maskgrpo_ray.cost_model import step_costs
-    from maskgrpo_ray.data import PromptStream, load_prompts
-    from maskgrpo_ray.models.sim import sim_settings, workload_of
-    from maskgrpo_ray.step.collect import GroupSource
+    from maskgrpo_ray.loop.collect import GroupSource
+    from maskgrpo_ray.planner.cost_model import step_costs
+    from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
+    from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     rows = []
     for n in (16, 8, 4, 2, 1):  # removing actors is quick; they all hold the same weights
@@ -331,8 +332,8 @@ def resize_learner(ex: Any, num_workers: int) -> None:
 def section_splits(args: argparse.Namespace, ex: Any) -> list[Row]:
     """Each rollout/learner split of 16 GPUs, asynchronous (lag 1), trajectory profile, on one
     executor (its rollout actors scaled, its learner group re-formed per split)."""
-    from maskgrpo_ray.cost_model import plan_split
-    from maskgrpo_ray.models.sim import sim_settings, workload_of
+    from maskgrpo_ray.planner.split import plan_split
+    from maskgrpo_ray.worlds.toy.sim import sim_settings, workload_of
 
     n, rows = 16, []
     for nr in args.splits:
@@ -419,8 +420,9 @@ def run_split(
 
 def planned(args: argparse.Namespace, extra: list[str], gpus: int) -> tuple[int, int]:
     """The planner's split of ``gpus`` for the trajectory profile with ``extra``."""
-    from maskgrpo_ray.cost_model import plan_split, workload_of
-    from maskgrpo_ray.models.sim import sim_settings
+    from maskgrpo_ray.planner.cost_model import workload_of
+    from maskgrpo_ray.planner.split import plan_split
+    from maskgrpo_ray.worlds.toy.sim import sim_settings
 
     cfg = make_cfg(args, "trajectory", 1, 1, *extra)
     plan = plan_split(sim_settings(cfg.model).cost_profile(), workload_of(cfg), gpus)

@@ -205,7 +205,7 @@ def main() -> None:
     if not args.no_sync_sizes:
         import ray
 
-        from maskgrpo_ray.backend.cluster import connect
+        from maskgrpo_ray.cluster.attach import connect
 
         connect(None, num_cpus=2, include_dashboard=False)
         sync = bench_weight_sync(

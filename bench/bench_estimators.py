@@ -26,18 +26,18 @@ from pathlib import Path
 
 import torch
 
-from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.build import build_policy
+from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_update,
     build_optimizer,
 )
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import RolloutBatch, TrainBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch, TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
+from maskgrpo_ray.prompts.loading import load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLDS = {

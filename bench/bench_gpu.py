@@ -54,21 +54,21 @@ from typing import Any
 import torch
 
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.cost_model import FlopModel, peak_bf16
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2
 from maskgrpo_ray.models.showo import ShowoPolicy, build_tiny_random_policy, random_init_
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import HashingWordTokenizer, ShowoVocab
-from maskgrpo_ray.settings import UpdateSettings, settings_from_config
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlan,
     apply_update,
     build_optimizer,
 )
-from maskgrpo_ray.step.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import RolloutBatch, TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import RolloutBatch, TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import UpdateSettings, settings_from_config
+from maskgrpo_ray.planner.cost_model import FlopModel, peak_bf16
 
 # the sampler and the update of the paper's main setting (G, tau_0, guidance, clip, AdamW, ...)
 CONFIG = settings_from_config(
@@ -114,7 +114,7 @@ DEFAULTS = {  # (full run, smoke run)
 
 
 def flop_model_of(policy: ShowoPolicy) -> FlopModel:
-    """The project's FLOP model (``maskgrpo_ray.cost_model.FlopModel``) of a built policy."""
+    """The project's FLOP model (``maskgrpo_ray.planner.cost_model.FlopModel``) of a built policy."""
     phi, cfg = policy.transformer.showo.model, policy.transformer.config
     body = sum(p.numel() for m in (phi.layers, phi.final_layernorm) for p in m.parameters())
     head = policy.codebook_size * (cfg.hidden_size + 1)
@@ -462,7 +462,7 @@ def bench_weight_sync(b: Bench) -> dict[str, Any]:
         return {"skipped": "--no-ray"}
     import ray
 
-    from maskgrpo_ray.backend.cluster import connect, disconnect
+    from maskgrpo_ray.cluster.attach import connect, disconnect
 
     if __name__ != "__main__":  # imported (tests): ship SyncTarget by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,10 +15,10 @@ import torch
 
 from maskgrpo_ray.algo.grpo import grpo_loss
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients, pair_log_probs
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.prompts.loading import load_prompts
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 

@@ -83,14 +83,14 @@ class Member:
             v.zero_()
 
     def open(self) -> tuple[str, int]:
-        from maskgrpo_ray.backend.weight_transfer import open_store
+        from maskgrpo_ray.cluster.weight_transfer import open_store
 
         ip = ray.util.get_node_ip_address()
         self.store = open_store(ip, 300)
         return ip, int(self.store.port)
 
     def join(self, host: str, port: int, rank: int, metas: list, bucket: int) -> None:
-        from maskgrpo_ray.backend.weight_transfer import Channel
+        from maskgrpo_ray.cluster.weight_transfer import Channel
 
         store = self.store if rank == 0 else None
         cpu = torch.device("cpu")
@@ -105,7 +105,7 @@ class Member:
 
 
 def bench(table: dict, dtype: str, repeats: int, bucket_mb: int = 256) -> dict[str, float]:
-    from maskgrpo_ray.backend.weight_transfer import tensor_metas
+    from maskgrpo_ray.cluster.weight_transfer import tensor_metas
 
     sender = Member.remote(table, dtype, True)
     target = Member.remote(table, dtype, False)
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--no-full", action="store_true", help="count the full weights, not sync")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_lora_sync.json"))
     args = ap.parse_args()
-    from maskgrpo_ray.backend.cluster import connect
+    from maskgrpo_ray.cluster.attach import connect
 
     full = shapes()
     adapter = lora_shapes(full, args.rank, args.targets.split(","))

@@ -1,6 +1,6 @@
 """The reward side at full size on one GPU: what one image costs each reward model.
 
-The planner (``maskgrpo_ray.cost_model``) charges the reward actors per image: CLIP ViT-H-14 at
+The planner (``maskgrpo_ray.planner.cost_model``) charges the reward actors per image: CLIP ViT-H-14 at
 an assumed 30% MFU (the paper's reward), and, for the GenEval reward and evaluation, the
 detector (Mask2Former with a Swin-S backbone, 80 COCO classes, 100 queries, as the official
 evaluator's mmdetection model) and the colour classifier (CLIP ViT-L-14 on the detected objects'

@@ -10,7 +10,7 @@ shapes. Per size, in the same process and cluster:
 * ``object_store``: what ``ObjectStoreSync`` does: the sender returns its tensors (one object in
   the store), every receiver fetches that object and copies it into its tensors;
 * ``collective``: what ``CollectiveSync`` does: the sender and the receivers in one gloo group
-  (``maskgrpo_ray/backend/weight_transfer.py``, the same ``Channel``), the tensors packed into
+  (``maskgrpo_ray/cluster/weight_transfer.py``, the same ``Channel``), the tensors packed into
   ``--bucket-mb`` buckets and broadcast; the group is formed once, outside the timing, as in a
   run.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import ray
 import torch
 
-from maskgrpo_ray.backend.weight_transfer import Channel, TensorMeta, open_store, tensor_metas
+from maskgrpo_ray.cluster.weight_transfer import Channel, TensorMeta, open_store, tensor_metas
 
 ROOT = Path(__file__).resolve().parents[1]
 TENSOR_MB = 4
@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_weight_sync.json"))
     args = ap.parse_args()
-    from maskgrpo_ray.backend.cluster import connect
+    from maskgrpo_ray.cluster.attach import connect
 
     connect(None, num_cpus=4, include_dashboard=False)
     rows = [

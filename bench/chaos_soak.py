@@ -201,8 +201,8 @@ class Chaos:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         from maskgrpo_ray.backend.executor import RayExecutor
-        from maskgrpo_ray.step import driver
-        from maskgrpo_ray.step.recovery import Checkpoints
+        from maskgrpo_ray.loop import driver
+        from maskgrpo_ray.loop.recovery import Checkpoints
 
         real_step, real_loop_step = driver.run_step, driver._Loop.step
         real_recover = Checkpoints.recover_learner
@@ -488,7 +488,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import ray
 
-    from maskgrpo_ray.backend.cluster import connect
+    from maskgrpo_ray.cluster.attach import connect
 
     connect(None, num_cpus=4, include_dashboard=False)
     try:

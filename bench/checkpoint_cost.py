@@ -7,7 +7,7 @@
 checkpoints (the snapshot on the step's path and the background write timed apart), and a state
 dict of ``--state-gb`` GB (Show-o 512's learner state by default: 1.448B parameters, bf16 weights,
 fp32 masters and Adam moments; on ``--device``) is snapshotted into host memory
-(``step.snapshot.host_copy``: pinned memory from a GPU) and written through
+(``loop.snapshot.host_copy``: pinned memory from a GPU) and written through
 ``storage.CheckpointStore.save`` (files, manifest sha256, fsync, publish), each timed: what the
 step loop waits for against what the background writer takes. It needs twice the state in
 host memory (the state and its snapshot; on a GPU, the state is on the device).
@@ -49,7 +49,7 @@ RAY = [
 def measure_run(backend: str, run_dir: Path, steps: int, every: int) -> dict[str, Any]:
     """One toy run with every checkpoint timed and sized (a wrapper around Checkpoints.save)."""
     from maskgrpo_ray.cli import main
-    from maskgrpo_ray.step import recovery
+    from maskgrpo_ray.loop import recovery
 
     saves: list[tuple[float, int]] = []
     real = recovery.Checkpoints.save
@@ -89,7 +89,7 @@ def measure_async_toy(run_dir: Path, steps: int, every: int) -> dict[str, Any]:
     """The toy on the local backend with ``run.checkpoint_async``: each save's seconds on the
     step loop's path (the snapshot) and each background write's seconds."""
     from maskgrpo_ray.cli import main
-    from maskgrpo_ray.step import recovery, snapshot
+    from maskgrpo_ray.loop import recovery, snapshot
 
     path_s: list[float] = []
     write_s: list[float] = []
@@ -134,8 +134,8 @@ def measure_state(folder: Path, gb: float, device: str, chunk_mb: int = 256) -> 
     into host memory and the whole write through ``CheckpointStore.save``, timed."""
     import torch
 
-    from maskgrpo_ray.step.snapshot import host_copy
-    from maskgrpo_ray.storage import CheckpointStore
+    from maskgrpo_ray.checkpoints.storage import CheckpointStore
+    from maskgrpo_ray.loop.snapshot import host_copy
 
     nbytes, chunk = int(gb * 1e9), chunk_mb << 20
     state = {}
@@ -176,8 +176,8 @@ def machine_rates(folder: Path, size: int = 256 << 20) -> dict[str, float]:
 def showo_prediction(rates: dict[str, float], fixed_s: float) -> dict[str, Any]:
     from dataclasses import asdict, replace
 
-    from maskgrpo_ray.checkpoint_cost import CheckpointRates, checkpoint_bytes
-    from maskgrpo_ray.cost_model import SHOWO_PARAMS
+    from maskgrpo_ray.planner.checkpoint_cost import CheckpointRates, checkpoint_bytes
+    from maskgrpo_ray.planner.cost_model import SHOWO_PARAMS
 
     nbytes = checkpoint_bytes(SHOWO_PARAMS, SHOWO_PARAMS, bf16=True)
     stated = replace(CheckpointRates(), fixed_s=fixed_s)
@@ -207,8 +207,8 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.pop("RAY_ADDRESS", None)
-    from maskgrpo_ray.checkpoint_cost import checkpoint_bytes
-    from maskgrpo_ray.cost_model import SHOWO_PARAMS
+    from maskgrpo_ray.planner.checkpoint_cost import checkpoint_bytes
+    from maskgrpo_ray.planner.cost_model import SHOWO_PARAMS
 
     gb = args.state_gb or checkpoint_bytes(SHOWO_PARAMS, SHOWO_PARAMS, bf16=True) / 1e9
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

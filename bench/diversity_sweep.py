@@ -9,7 +9,7 @@ single-process backend plus its overrides, trained for ``--steps`` steps on each
 and the tuned model are evaluated on the 24 held-out prompts with 32 samples each (the same
 evaluation sampler for every variant: temperature 1, Gumbel tau 0, fixed seeds). Per variant the
 table gives, after training, the held-out accuracy and the three diversity figures of
-``maskgrpo_ray.diversity`` (distinct images of 32, mean pairwise and nearest-neighbour distance
+``maskgrpo_ray.algo.diversity`` (distinct images of 32, mean pairwise and nearest-neighbour distance
 in the reward's embedding: the toy's palette cells, so ``1 - cos`` is the share of cells that
 differ), each as mean and 95% t-interval over the seeds, the paired difference against ``none``
 (the same config without a diversity rule) for accuracy and distinct, the lowest seed's

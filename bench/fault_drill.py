@@ -92,7 +92,7 @@ def inject(fault: str, ex: Any) -> None:
 def fault_at(fault: str | None, step: int, record: dict[str, Any]) -> Iterator[None]:
     """Wrap ``driver.run_step`` so that ``fault`` hits at the start of ``step`` (once); keep the
     executor and the fault's time in ``record``."""
-    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.loop import driver
 
     real = driver.run_step
 
@@ -222,7 +222,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import ray
 
-    from maskgrpo_ray.backend.cluster import connect
+    from maskgrpo_ray.cluster.attach import connect
 
     connect(None, num_cpus=4, include_dashboard=False)
     try:

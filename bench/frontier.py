@@ -114,7 +114,7 @@ def learner_work(config: str, overrides: list[str]) -> dict[str, float]:
     """The recipe's learner forward(-backward) passes per image and per driver step, and the
     pair-equivalents the planner charges (with shrinkage's no-grad recompute)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.cost_model import workload_of
+    from maskgrpo_ray.planner.cost_model import workload_of
 
     w = workload_of(load_config(lab.ROOT / config, overrides))
     passes = w.forward_passes_per_sample * w.updates_per_batch

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES
 from maskgrpo_ray.rewards.geneval import GenEvalScorer
 from maskgrpo_ray.rewards.geneval_colour import save_tiny_clip_folder
 from maskgrpo_ray.rewards.geneval_detector import save_tiny_random_mask2former

@@ -23,7 +23,7 @@ than it is resolved.
 
 Cost, per variant: the learner's (sample, unit) pairs per image (units trained per sample x
 inner updates), and the cost model's images per GPU per second at Show-o 512 px on 16 H100s
-(``maskgrpo_ray.cost_model``: the planner's best split and the work-conserving limit, over all
+(``maskgrpo_ray.planner.cost_model``: the planner's best split and the work-conserving limit, over all
 GPUs), with the variant's share of the steps carried over to Show-o's 50.
 
 Runs are cached per (variant, seed) in ``bench/cache`` (``toy_lab``): a rerun with more seeds
@@ -134,7 +134,8 @@ def showo_cost(overrides: list[str]) -> dict[str, float]:
     (``cost_model.probe_overhead``); the planner's split does not (the probe runs between
     steps)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.cost_model import PROFILES, plan_split, probe_overhead, workload_of
+    from maskgrpo_ray.planner.cost_model import PROFILES, probe_overhead, workload_of
+    from maskgrpo_ray.planner.split import plan_split
 
     config, shape, _ = WORLDS[WORLD[0]]
     toy_cfg = load_config(lab.ROOT / config, [*shape, *overrides])

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from maskgrpo_ray.diversity import mean_pairwise_distance  # noqa: E402
+from maskgrpo_ray.algo.diversity import mean_pairwise_distance  # noqa: E402
 from maskgrpo_ray.worlds.shapes import judge, pretrain, scenes, tokenizer  # noqa: E402
 from maskgrpo_ray.worlds.shapes.reward_model import agreement, malform, score  # noqa: E402
 
@@ -173,8 +173,8 @@ def main() -> None:
     if a.picture:
         picture(Path(a.picture), Path(a.picture_out))
         return
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
     from maskgrpo_ray.worlds.shapes.model import policy_spec, reward_spec
     from maskgrpo_ray.worlds.shapes.reward_model import load_or_train
 

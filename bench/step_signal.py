@@ -19,7 +19,7 @@ Across the ``K`` batches:
   size): ``cos_t`` is then 0 in expectation, so the real ``cos_t`` measured against it tells
   whether step ``t``'s update has any direction at all.
 
-The measurement is the library's (``maskgrpo_ray.step.step_signal``), the one a run's probe
+The measurement is the library's (``maskgrpo_ray.loop.step_signal_probe``), the one a run's probe
 makes (``train.step_signal_every_steps``). The bench's own batches are a prompt stream seeded
 123 and rollout seeds 1000 + k; ``--probe-step J`` takes instead the batches a run's probe of
 driver step ``J`` takes (its seeds, ``step_signal_batches`` x ``step_signal_prompts_per_batch``),
@@ -47,9 +47,9 @@ def _policy_after(config: Path, overrides: list[str], steps: int):
     """The config's policy after ``steps`` training steps (local backend, the run's seed)."""
     from safetensors.torch import load_file
 
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.cli.app import run_train
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
 
     policy = build_policy(load_config(config, overrides).model)
     if steps == 0:
@@ -71,8 +71,8 @@ def _policy_after(config: Path, overrides: list[str], steps: int):
 def policy_of(cfg, where: Path):
     """The config's policy with the weights of a run's checkpoint folder (``policy.pt``, the
     local backend's) or of a ``final_policy.safetensors``."""
-    from maskgrpo_ray.build import build_policy
-    from maskgrpo_ray.safe_files import load_torch_file
+    from maskgrpo_ray.pipeline.build import build_policy
+    from maskgrpo_ray.weights.safe_files import load_torch_file
 
     policy = build_policy(cfg.model)
     if where.is_dir() and (where / "policy.pt").exists():
@@ -89,7 +89,7 @@ def probe_prompts(cfg, policy) -> tuple[list[str], dict | None]:
     """The run's training prompts (what its prompt stream holds: the files read as ``train``
     reads them, those the policy cannot read dropped) and their metadata table."""
     from maskgrpo_ray.cli.app import preflight
-    from maskgrpo_ray.data import keep_valid_prompts
+    from maskgrpo_ray.prompts.loading import keep_valid_prompts
 
     read = preflight(cfg)
     texts, _ = keep_valid_prompts([r.text for r in read.train], lambda p: policy.tokenize([p]))
@@ -100,11 +100,11 @@ def probe_prompts(cfg, policy) -> tuple[list[str], dict | None]:
 def measure(cfg, policy, spec):
     """The step signal of ``policy`` on ``spec``'s probe batches: each generated with its seed,
     scored with the config's reward, measured as a run's probe measures (``StepSignal``)."""
-    from maskgrpo_ray.build import build_reward_from_settings
-    from maskgrpo_ray.settings import advantage_settings, settings_from_config
-    from maskgrpo_ray.step.phases import generate, score
-    from maskgrpo_ray.step.step_signal import measure as measure_signal
-    from maskgrpo_ray.step.step_signal import probe_batches
+    from maskgrpo_ray.loop.step_signal_probe import measure as measure_signal
+    from maskgrpo_ray.loop.step_signal_probe import probe_batches
+    from maskgrpo_ray.pipeline.build import build_reward_from_settings
+    from maskgrpo_ray.pipeline.phases import generate, score
+    from maskgrpo_ray.pipeline.settings import advantage_settings, settings_from_config
 
     s = settings_from_config(cfg)
     reward = build_reward_from_settings(s.reward)
@@ -138,7 +138,7 @@ def as_results(signal) -> dict[str, list[float]]:
 
 def main() -> None:
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.step.step_signal import ProbeSpec
+    from maskgrpo_ray.loop.step_signal_probe import ProbeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "toy.yaml"))

@@ -18,11 +18,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from maskgrpo_ray.actors.base import wait_ready
 from maskgrpo_ray.actors.pool import wait_placement
-from maskgrpo_ray.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
 from maskgrpo_ray.learner.worker import RemoteLearnerWorker
-from maskgrpo_ray.settings import RunSettings
-from maskgrpo_ray.step.learner_core import LearnerLost, UpdatePlanner, backward_calls
-from maskgrpo_ray.types import TrainBatch, shard_bounds
+from maskgrpo_ray.pipeline.data_plane import REF_BYTES, Traffic, TrainRefs, wire_bytes
+from maskgrpo_ray.pipeline.learner_core import LearnerLost, UpdatePlanner, backward_calls
+from maskgrpo_ray.pipeline.messages import TrainBatch, shard_bounds
+from maskgrpo_ray.pipeline.settings import RunSettings
 
 log = logging.getLogger(__name__)
 ERROR_GRACE_S = 30.0  # after one rank's error, how long the others may take to report theirs

@@ -6,7 +6,7 @@
 * ``ObjectStoreSync``: the learner's rank 0 puts its trained tensors in the object store once
   and every rollout actor fetches that one object (Ray moves it once per node);
 * ``CollectiveSync``: learner rank 0 and the rollout actors form one ``torch.distributed`` group
-  (NCCL on GPUs, gloo on CPUs; ``maskgrpo_ray/backend/weight_transfer.py``) and rank 0 broadcasts the
+  (NCCL on GPUs, gloo on CPUs; ``maskgrpo_ray/cluster/weight_transfer.py``) and rank 0 broadcasts the
   parameters packed into fixed-size flat buckets, as verl's checkpoint engine and OpenRLHF's
   ``update_weight`` do. The group is re-formed when membership changes (an actor added, removed
   or lost, a new learner group) at the next push.
@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.learner.group import LearnerGroup
-from maskgrpo_ray.step.learner_core import LearnerLost
+from maskgrpo_ray.pipeline.learner_core import LearnerLost
 
 
 @dataclass

@@ -32,22 +32,21 @@ import ray
 import torch
 
 from maskgrpo_ray.actors.base import ActorProcess, outlive_sigterm
-from maskgrpo_ray.backend.cluster import apply_env_defaults
-from maskgrpo_ray.backend.weight_transfer import (
+from maskgrpo_ray.cluster.attach import apply_env_defaults
+from maskgrpo_ray.cluster.weight_transfer import (
     Channel,
     TensorMeta,
     is_loopback,
     open_store,
     tensor_metas,
 )
-from maskgrpo_ray.build import build_policy, resolve_device
 from maskgrpo_ray.config import ModelConfig
-from maskgrpo_ray.data_plane import ShardPlan, fetch_shard
 from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.loop.step_signal_probe import rng_kept, step_grams
 from maskgrpo_ray.models.base import MaskedImagePolicy
-from maskgrpo_ray.safe_files import deepspeed_accelerator
-from maskgrpo_ray.settings import LearnerSettings, UpdateSettings
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.build import build_policy, resolve_device
+from maskgrpo_ray.pipeline.data_plane import ShardPlan, fetch_shard
+from maskgrpo_ray.pipeline.learner_core import (
     UpdatePlan,
     apply_activation_checkpointing,
     apply_update,
@@ -56,8 +55,9 @@ from maskgrpo_ray.step.learner_core import (
     reference_policy,
     set_learning_rate,
 )
-from maskgrpo_ray.step.step_signal import rng_kept, step_grams
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.settings import LearnerSettings, UpdateSettings
+from maskgrpo_ray.weights.safe_files import deepspeed_accelerator
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from maskgrpo_ray import _moved
-
 __version__ = "0.1.0"
 __all__ = ["__version__", "evaluate", "load_config", "plan", "train", "validate"]
 
@@ -28,6 +26,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'maskgrpo_ray' has no attribute {name!r}")
-
-
-_moved.install()  # the flat layout's module paths, for one release (maskgrpo_ray/_moved.py)

@@ -16,7 +16,7 @@ local folders, prompts and files checked, an existing checkpoint resumed (``resu
 :func:`validate` is ``maskgrpo validate``.
 
 A bad input raises a :class:`~maskgrpo_ray.errors.UserError` (one line: the field, the value,
-the fix) before anything starts; a failed run raises :class:`~maskgrpo_ray.step.driver.RunFailed`.
+the fix) before anything starts; a failed run raises :class:`~maskgrpo_ray.loop.driver.RunFailed`.
 Nothing here configures logging: ``logging.basicConfig(level=logging.INFO)`` shows the commands'
 progress lines. Where :func:`train` wrote is said in one line all the same (the log's, when
 logging shows this module's INFO lines; else on stderr, beside the progress bar), and the

@@ -40,7 +40,7 @@ def ray_cluster():
     """A real local Ray cluster (no local mode), bound to loopback, for one test module."""
     import ray
 
-    from maskgrpo_ray.backend.cluster import connect
+    from maskgrpo_ray.cluster.attach import connect
 
     os.environ.pop("RAY_ADDRESS", None)
     if ray.is_initialized():

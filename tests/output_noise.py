@@ -3,8 +3,8 @@
 Issue 42: every train, eval and API call printed Ray's "Token authentication is enabled for this
 Ray cluster. Set RAY_AUTH_MODE=disabled to opt out" and DeepSpeed's "Setting accelerator to CPU.
 If you have GPU or other accelerator, we were unable to detect it." Both are now answered at
-their source (``maskgrpo_ray.backend.cluster.choose_token_auth``,
-``maskgrpo_ray.safe_files.deepspeed_accelerator``); these patterns find any warning of that kind
+their source (``maskgrpo_ray.cluster.attach.choose_token_auth``,
+``maskgrpo_ray.weights.safe_files.deepspeed_accelerator``); these patterns find any warning of that kind
 that comes back, or a new one.
 """
 

@@ -12,8 +12,8 @@ from maskgrpo_ray.algo.advantages import (
     gardo_scale,
     gdpo_advantages,
 )
+from maskgrpo_ray.algo.diversity import nearest_neighbour_distance
 from maskgrpo_ray.algo.grpo import group_advantages
-from maskgrpo_ray.diversity import nearest_neighbour_distance
 
 
 def test_gardo_scales_positive_advantages_by_the_hand_computed_factor_only():
@@ -107,7 +107,7 @@ def test_a_missing_distance_or_component_is_a_clear_error():
 
 
 def _scored(rewards, parts=None, diversity=None, g=3):
-    from maskgrpo_ray.types import RolloutBatch, ScoredBatch
+    from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
 
     n = rewards.numel()
     rb = RolloutBatch(
@@ -131,13 +131,13 @@ def _scored(rewards, parts=None, diversity=None, g=3):
 
 def _settings(*overrides):
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.settings import advantage_settings
+    from maskgrpo_ray.pipeline.settings import advantage_settings
 
     return advantage_settings(load_config("configs/toy.yaml", list(overrides)))
 
 
 def test_the_default_rule_is_plain_grpo_bit_for_bit():
-    from maskgrpo_ray.step.phases import make_train_batch
+    from maskgrpo_ray.pipeline.phases import make_train_batch
 
     r = torch.rand(12, generator=torch.Generator().manual_seed(2))
     keep = torch.tensor([True, False, True, True])
@@ -148,7 +148,7 @@ def test_the_default_rule_is_plain_grpo_bit_for_bit():
 
 
 def test_gdpo_reads_the_components_by_name_with_their_weights():
-    from maskgrpo_ray.step.phases import batch_advantages
+    from maskgrpo_ray.pipeline.phases import batch_advantages
 
     two = "reward.components=[{kind: toy_rules, weight: 2.0, args: {terms: score, name: s}}, {kind: toy_rules, args: {terms: correct, name: c}}]"
     s = _settings(two, "train.advantage=gdpo")
@@ -164,7 +164,7 @@ def test_gdpo_reads_the_components_by_name_with_their_weights():
 
 def test_a_diversity_rule_without_its_figure_is_one_clear_line():
     from maskgrpo_ray.errors import UserError
-    from maskgrpo_ray.step.phases import batch_advantages
+    from maskgrpo_ray.pipeline.phases import batch_advantages
 
     s = _settings("train.diversity.kind=gardo")
     with pytest.raises(UserError, match="train.diversity.kind='gardo' needs the per-sample"):
@@ -180,7 +180,7 @@ def test_a_diversity_rule_without_its_figure_is_one_clear_line():
 def test_preflight_refuses_a_diversity_rule_no_reward_can_feed():
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.errors import UserError
-    from maskgrpo_ray.settings import check_diversity_spaces
+    from maskgrpo_ray.pipeline.settings import check_diversity_spaces
 
     gardo = ["train.diversity.kind=gardo"]
     check_diversity_spaces(load_config("configs/toy.yaml", gardo))  # the toy's reward embeds

@@ -25,10 +25,10 @@ from maskgrpo_ray.algo.estimators import (
 )
 from maskgrpo_ray.algo.sampling import masked_share_before_steps, rollout
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
@@ -347,7 +347,7 @@ def test_settings_route_the_forward_estimator():
 def test_one_draw_per_inner_update_equals_updates_on_each_draw_in_turn():
     """``draws_per_update: one`` (MaskGRPO's one mask ratio per inner iteration): inner update
     i trains draw i mod K only; four updates equal four by-hand updates on draws 0, 1, 0, 1."""
-    from maskgrpo_ray.step.learner_core import TorchOptimizing, UpdatePlanner, apply_update
+    from maskgrpo_ray.pipeline.learner_core import TorchOptimizing, UpdatePlanner, apply_update
 
     cfg = load_config(
         "configs/toy.yaml",

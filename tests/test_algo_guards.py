@@ -13,7 +13,7 @@ import torch
 
 from maskgrpo_ray.algo.grpo import grpo_loss, k3_kl
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.step.learner_loss import abs_log_ratio_stats, pair_query
+from maskgrpo_ray.pipeline.learner_loss import abs_log_ratio_stats, pair_query
 
 
 def _t(*xs: float) -> torch.Tensor:

@@ -165,7 +165,7 @@ def test_filter_copy_restarts_a_filter_with_the_same_future(enabled):
     class fed the same groups) decides every later group as the original would: the sliding
     window's overflow and invalid groups included."""
     from maskgrpo_ray.actors.filter import FilterActor
-    from maskgrpo_ray.settings import FilterSettings
+    from maskgrpo_ray.pipeline.settings import FilterSettings
 
     settings = FilterSettings(enabled, 10.0, warmup_groups=3, max_history=5)
     actor, copy = FilterActor(settings), FilterActor(settings)

@@ -29,7 +29,7 @@ from maskgrpo_ray.models.amused import (
 from maskgrpo_ray.models.amused_loading import save_tiny_random_amused
 from maskgrpo_ray.models.registry import check_model_files, get_model, model_kinds
 from maskgrpo_ray.models.showo_loading import ModelFilesMissing
-from maskgrpo_ray.step.phases import generate
+from maskgrpo_ray.pipeline.phases import generate
 
 pytest.importorskip("diffusers")
 from diffusers import AmusedScheduler  # noqa: E402

@@ -8,10 +8,9 @@ import os
 import pytest
 import torch
 
-from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.build import build_policy
+from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_update,
@@ -19,9 +18,15 @@ from maskgrpo_ray.step.learner_core import (
     build_optimizer,
     reference_policy,
 )
-from maskgrpo_ray.step.learner_loss import Anchor, accumulate_gradients, pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import (
+    Anchor,
+    accumulate_gradients,
+    pair_log_probs,
+    train_pairs,
+)
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from maskgrpo_ray.step.snapshot import BackgroundWriter, host_copy
-from maskgrpo_ray.storage import CheckpointStore
+from maskgrpo_ray.checkpoints.storage import CheckpointStore
+from maskgrpo_ray.loop.snapshot import BackgroundWriter, host_copy
 
 
 def test_host_copy_is_detached_from_the_live_state():
@@ -59,7 +59,7 @@ def test_a_failed_write_raises_at_the_next_wait_and_publishes_nothing(tmp_path: 
 
 
 def test_the_planner_counts_only_the_snapshot_on_the_path():
-    from maskgrpo_ray.checkpoint_cost import CheckpointRates, checkpoint_cost
+    from maskgrpo_ray.planner.checkpoint_cost import CheckpointRates, checkpoint_cost
 
     r = CheckpointRates(
         learner_write=1e9, to_driver=1e9, driver_write=1e9, sha256=1e9, fixed_s=0.0, host_copy=1e9

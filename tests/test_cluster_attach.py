@@ -77,7 +77,7 @@ def test_status_joins_a_loopback_head_and_fails_fast_without_it(tmp_path):
 @pytest.fixture
 def local_head(monkeypatch):
     """A stand-in for the local head's address file (the module reads it through one call)."""
-    from maskgrpo_ray.backend import cluster as ray_cluster
+    from maskgrpo_ray.cluster import attach as ray_cluster
 
     state = {"address": "127.0.0.1:26379"}
     monkeypatch.setattr(ray_cluster, "_local_head_address", lambda: state["address"])
@@ -86,7 +86,7 @@ def local_head(monkeypatch):
 
 
 def test_the_job_api_url_on_this_machine_means_the_local_heads_gcs(local_head, monkeypatch):
-    from maskgrpo_ray.backend.cluster import HeadAddress, find_head
+    from maskgrpo_ray.cluster.attach import HeadAddress, find_head
 
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what the docs give ray job submit
     head = find_head(None)
@@ -103,7 +103,7 @@ def test_the_job_api_url_on_this_machine_means_the_local_heads_gcs(local_head, m
 
 
 def test_the_job_api_url_of_another_host_tries_its_default_gcs_port_and_says_so(local_head, caplog):
-    from maskgrpo_ray.backend.cluster import find_head
+    from maskgrpo_ray.cluster.attach import find_head
 
     head = find_head("https://head.example:8443")
     assert head.gcs == "head.example:6379" and head.dashboard == "head.example:8443"
@@ -112,7 +112,7 @@ def test_the_job_api_url_of_another_host_tries_its_default_gcs_port_and_says_so(
 
 
 def test_the_joined_heads_dashboard_must_be_the_urls():
-    from maskgrpo_ray.backend.cluster import _same_endpoint
+    from maskgrpo_ray.cluster.attach import _same_endpoint
 
     assert _same_endpoint("127.0.0.1:8265", "localhost:8265")
     assert not _same_endpoint("127.0.0.1:8265", "127.0.0.1:8266")
@@ -126,7 +126,7 @@ def test_train_joins_the_gcs_behind_a_job_api_url_in_ray_address(local_head, mon
 
     import ray
 
-    from maskgrpo_ray.backend import cluster as ray_cluster
+    from maskgrpo_ray.cluster import attach as ray_cluster
 
     calls = []
     dashboard = {"url": "127.0.0.1:8265"}

@@ -6,7 +6,7 @@ import pytest
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import RENAMED_FIELDS, ConfigError, load_config
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.pipeline.settings import settings_from_config
 
 
 def test_toy_config_loads_and_overrides_apply():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from maskgrpo_ray.checkpoint_cost import CheckpointRates, checkpoint_bytes, checkpoint_cost
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.cost_model import (
+from maskgrpo_ray.planner.checkpoint_cost import CheckpointRates, checkpoint_bytes, checkpoint_cost
+from maskgrpo_ray.planner.cost_model import (
     PROFILES,
     SHOWO_FLOPS,
     SHOWO_PARAMS,
@@ -20,12 +20,11 @@ from maskgrpo_ray.cost_model import (
     Workload,
     measured_mfu,
     peak_bf16,
-    pipeline_ideal,
-    plan_split,
     resolve_profile,
     showo_profile,
     step_costs,
 )
+from maskgrpo_ray.planner.split import pipeline_ideal, plan_split
 
 KEYS = Path(__file__).parents[2] / "shared/fixtures/showo_reference/showo_512_state_keys.json"
 
@@ -225,8 +224,8 @@ def test_plan_prices_a_checkpoint_at_the_runs_cadence(capsys):
 
 
 def test_the_reward_side_counts_a_configs_components_per_image():
-    from maskgrpo_ray.cost_model import PROFILES
-    from maskgrpo_ray.reward_cost import (
+    from maskgrpo_ray.planner.cost_model import PROFILES
+    from maskgrpo_ray.planner.reward_cost import (
         MASK2FORMER_SWIN_S_FLOPS,
         VIT_L14_IMAGE_FLOPS,
         reward_cost,

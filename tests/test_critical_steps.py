@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from maskgrpo_ray.algo.grpo import critical_steps, prediction_agreement
-from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.build import build_policy
+from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_update,
     build_optimizer,
 )
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]

@@ -1,4 +1,4 @@
-"""The driver-free data plane (``maskgrpo_ray.data_plane``) without a cluster: the driver's
+"""The driver-free data plane (``maskgrpo_ray.pipeline.data_plane``) without a cluster: the driver's
 view of rollouts left in the object store, and the learner shards the ranks build from their
 own chunks, equal to the shards of the batch the driver used to assemble."""
 
@@ -9,8 +9,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.data_plane import (
+from maskgrpo_ray.pipeline.data_plane import (
     RolloutMeta,
     RolloutRefs,
     TrainRefs,
@@ -19,8 +18,9 @@ from maskgrpo_ray.data_plane import (
     fetch_rollout,
     rollout_nbytes,
 )
-from maskgrpo_ray.step.phases import generate, make_train_batch
-from maskgrpo_ray.types import RolloutBatch, ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.phases import generate, make_train_batch
+from maskgrpo_ray.prompts.loading import load_prompts
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 G = 3

@@ -3,7 +3,7 @@ the KubeRay RayJob and the Grafana dashboard, each checked against what reads it
 
 No cluster is started: the launcher config is validated with the schema Ray ships
 (``ray/autoscaler/ray-schema.json``) and Ray's own ``prepare_config``/``validate_config``; the
-dashboard's PromQL is checked against the metric names ``maskgrpo_ray/backend/metrics.py`` defines,
+dashboard's PromQL is checked against the metric names ``maskgrpo_ray/cluster/ray_metrics.py`` defines,
 read from that file at test time.
 """
 
@@ -32,7 +32,7 @@ SUBMIT = ROOT / "deploy" / "submit.sh"
 RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DASHBOARD = ROOT / "deploy" / "grafana" / "maskgrpo_dashboard.json"
-RAY_METRICS = ROOT / "maskgrpo_ray" / "backend" / "metrics.py"
+RAY_METRICS = ROOT / "maskgrpo_ray" / "cluster" / "ray_metrics.py"
 SHOWO_CONFIG = "configs/showo_512_clip.yaml"
 INSTALL = [
     "pip install -q -r requirements.txt",
@@ -398,7 +398,7 @@ def test_dockerfile_base_image_matches_the_ray_pin():
 
 
 def defined_metrics(source: str) -> dict[str, str]:
-    """``{name: kind}`` from the GAUGES / COUNTERS / HISTOGRAMS dicts of backend/metrics.py."""
+    """``{name: kind}`` from the GAUGES / COUNTERS / HISTOGRAMS dicts of cluster/ray_metrics.py."""
     kinds = {"GAUGES": "gauge", "COUNTERS": "counter", "HISTOGRAMS": "histogram"}
     out: dict[str, str] = {}
     for node in ast.parse(source).body:
@@ -446,10 +446,10 @@ def test_every_dashboard_metric_exists_in_ray_metrics(dashboard):
     if not RAY_METRICS.exists():
         pytest.fail(f"{RAY_METRICS.relative_to(ROOT)} is missing: the dashboard has no source")
     defined = defined_metrics(RAY_METRICS.read_text())
-    assert defined, "no GAUGES/COUNTERS/HISTOGRAMS dict found in backend/metrics.py"
+    assert defined, "no GAUGES/COUNTERS/HISTOGRAMS dict found in cluster/ray_metrics.py"
     missing = queried_metrics(dashboard_queries(dashboard)) - exported_names(defined)
     assert not missing, (
-        f"the dashboard queries metrics backend/metrics.py does not define: {missing}"
+        f"the dashboard queries metrics cluster/ray_metrics.py does not define: {missing}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Diversity figures (``maskgrpo_ray.diversity``): distinct images per group and the mean
+"""Diversity figures (``maskgrpo_ray.algo.diversity``): distinct images per group and the mean
 pairwise distance in the reward's embedding space, in training rows and in evaluation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from maskgrpo_ray.diversity import (
+from maskgrpo_ray.algo.diversity import (
     CEILING,
     DISTINCT,
     LAYOUTS,

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from maskgrpo_ray.config import load_config
-from maskgrpo_ray.diversity import (
+from maskgrpo_ray.algo.diversity import (
     DISTINCT,
     LAYOUTS,
     NEAREST,
@@ -23,6 +22,7 @@ from maskgrpo_ray.diversity import (
     group_diversity,
     reward_diversity,
 )
+from maskgrpo_ray.config import load_config
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.rewards.base import CompositeReward
 from maskgrpo_ray.worlds.toy import world as toyworld
@@ -117,8 +117,8 @@ TWO_TOY = (
 
 
 def test_settings_carry_the_spaces_to_every_reward_built_from_them():
-    from maskgrpo_ray.build import build_reward_from_settings
-    from maskgrpo_ray.settings import settings_from_config
+    from maskgrpo_ray.pipeline.build import build_reward_from_settings
+    from maskgrpo_ray.pipeline.settings import settings_from_config
 
     default = settings_from_config(load_config("configs/toy.yaml", []))
     assert (default.reward.diversity_embedding, default.reward.train_embedding) == (None, None)
@@ -167,7 +167,7 @@ def test_settings_carry_the_spaces_to_every_reward_built_from_them():
     ],
 )
 def test_preflight_refuses_an_unknown_or_blind_component(overrides, field, value):
-    from maskgrpo_ray.settings import check_diversity_spaces
+    from maskgrpo_ray.pipeline.settings import check_diversity_spaces
 
     cfg = load_config("configs/toy.yaml", overrides)
     with pytest.raises(UserError) as err:

@@ -12,7 +12,11 @@ from maskgrpo_ray.evaluation.geneval import (
     score_toy,
     write_geneval_prompt,
 )
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, GenEvalMetadataError, check_metadata
+from maskgrpo_ray.prompts.geneval_schema import (
+    GENEVAL_CLASSES,
+    GenEvalMetadataError,
+    check_metadata,
+)
 from maskgrpo_ray.worlds.toy import world as toyworld
 from maskgrpo_ray.worlds.toy.rewards import judge
 
@@ -194,8 +198,8 @@ def test_eval_checks_class_names_for_a_real_models_prompts_file(tmp_path):
     # file naming "teddy" is refused before anything starts; the toy world's prompt set and a
     # world model (its own rule) keep their own class names
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.evaluation.runner import geneval_metadata
+    from maskgrpo_ray.prompts.loading import load_prompt_records
 
     line = {
         "tag": "single_object",

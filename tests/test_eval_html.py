@@ -66,9 +66,9 @@ def _fake_run_dir(tmp_path: Path) -> Path:
     """A finished run as ``maskgrpo eval`` reads one: config.yaml, final_policy.safetensors
     (the base weights, perturbed, so base and tuned differ) and a metrics.jsonl with reward and
     evaluation rows (so the report draws both curves)."""
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.evaluation.weights import save_final_policy
+    from maskgrpo_ray.pipeline.build import build_policy
 
     run = tmp_path / "run"
     run.mkdir()
@@ -246,7 +246,7 @@ def test_dashboard_lists_the_runs_maskgrpo_metrics(browser, tmp_path, monkeypatc
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if ray.is_initialized():
         ray.shutdown()
-    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.cluster.attach import apply_env_defaults, force_loopback
 
     apply_env_defaults()
     force_loopback()

@@ -12,10 +12,10 @@ import torch
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import load_prompt_records
 from maskgrpo_ray.evaluation.generation import make_units, unit_seed
 from maskgrpo_ray.evaluation.runner import LocalGenerator, RayGenerator
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.pipeline.settings import settings_from_config
+from maskgrpo_ray.prompts.loading import load_prompt_records
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [
@@ -63,7 +63,7 @@ def tuned_file(tmp_path, cfg) -> str:
     """A weights file unlike the base model: the base weights, perturbed."""
     from safetensors.torch import save_file
 
-    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.pipeline.build import build_policy
 
     torch.manual_seed(1)
     policy = build_policy(cfg.model)
@@ -138,8 +138,8 @@ def test_bad_input_fails_before_any_actor_starts(tmp_path, capsys):
 
 
 def test_training_evaluation_reports_per_tag_figures():
-    from maskgrpo_ray.build import build_policy, build_reward_from_settings
     from maskgrpo_ray.evaluation.generation import evaluate_rewards
+    from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings
 
     cfg = cfg_with()
     settings = settings_from_config(cfg)

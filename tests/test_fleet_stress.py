@@ -52,11 +52,11 @@ import torch
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.data_plane import Traffic
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.step.collect import GroupSource
-from maskgrpo_ray.types import Chunk, ScoredBatch
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.loop.collect import GroupSource
+from maskgrpo_ray.pipeline.data_plane import Traffic
+from maskgrpo_ray.pipeline.messages import Chunk, ScoredBatch
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 B = 8  # prompts per step

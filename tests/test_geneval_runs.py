@@ -10,7 +10,7 @@ import json
 import pytest
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, TAGS
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES, TAGS
 from maskgrpo_ray.rewards.geneval_colour import save_tiny_clip_folder
 from maskgrpo_ray.rewards.geneval_detector import save_tiny_random_mask2former
 

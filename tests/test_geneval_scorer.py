@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES
 from maskgrpo_ray.rewards import geneval_detector as gd
 from maskgrpo_ray.rewards.geneval import (
     GenEvalInputError,
@@ -276,9 +276,9 @@ def test_refusals_are_one_line_user_errors(scorer, imgs, metas, match):
 
 
 def test_reward_scores_once_skips_bad_metadata_and_counts_it(models, monkeypatch):
+    from maskgrpo_ray.pipeline.messages import RolloutBatch
+    from maskgrpo_ray.pipeline.phases import score_rewards
     from maskgrpo_ray.rewards.base import RewardSpec, build_reward
-    from maskgrpo_ray.step.phases import score_rewards
-    from maskgrpo_ray.types import RolloutBatch
 
     kwargs = {"detector": models[0], "colour_model": models[1], "colour_pretrained": None}
     reward = build_reward(

@@ -15,9 +15,9 @@ import torch
 
 from maskgrpo_ray.algo.estimators import ForwardSettings
 from maskgrpo_ray.algo.sampling import check_generator_device
-from maskgrpo_ray.step.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import abs_log_ratio_stats, pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["two red dots on the left", "one blue dot on the top", "three green dots"]

@@ -1,4 +1,4 @@
-"""Models and rewards by hub id (maskgrpo_ray.hub) against a local stand-in for the hub.
+"""Models and rewards by hub id (maskgrpo_ray.weights.hub) against a local stand-in for the hub.
 
 The stand-in is a stdlib HTTP server on 127.0.0.1 serving the endpoints huggingface_hub calls
 for ``snapshot_download``: ``GET /api/models/{repo}/revision/{rev}`` (repo_info),
@@ -152,7 +152,7 @@ def _env(hf_home: Path, endpoint: str, offline: bool = False) -> dict[str, str]:
 RESOLVE = """
 import json, sys
 from maskgrpo_ray.errors import one_line
-from maskgrpo_ray.hub import HubError, HubField, parse_hub_id, resolve_ref
+from maskgrpo_ray.weights.hub import HubError, HubField, parse_hub_id, resolve_ref
 ref = parse_hub_id(sys.argv[1])
 try:
     r = resolve_ref("model.args.path", ref, HubField("args.path"), download=sys.argv[2] == "1")
@@ -334,7 +334,7 @@ def test_validate_checks_the_hub_but_fetches_nothing(hub, tmp_path):
 def test_hub_ids_are_explicit():
     """Only ``hf://org/name[@revision]`` is a hub id: a bare name or a path is left alone (the
     old rule: local folder or HF cache, no download)."""
-    from maskgrpo_ray.hub import HubError, HubRef, parse_hub_id
+    from maskgrpo_ray.weights.hub import HubError, HubRef, parse_hub_id
 
     assert parse_hub_id("hf://showlab/show-o-512x512") == HubRef("showlab/show-o-512x512", None)
     assert parse_hub_id("hf://a/b@refs/pr/3") == HubRef("a/b", "refs/pr/3")
@@ -348,7 +348,7 @@ def test_hub_ids_are_explicit():
 RESOLVE_CONFIG = """
 import json, sys
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.hub import resolve_config
+from maskgrpo_ray.weights.hub import resolve_config
 cfg = load_config("configs/toy.yaml", sys.argv[1:])
 cfg, found = resolve_config(cfg)
 out = cfg.model_dump(mode="json")

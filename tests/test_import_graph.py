@@ -158,12 +158,12 @@ def test_the_module_graph_is_read_from_every_file():
     eager, _ = import_edges()
     # the graph covers the three folders and sees a known edge of each kind
     assert {
-        "maskgrpo_ray.step.driver",
+        "maskgrpo_ray.loop.driver",
         "maskgrpo_ray.actors.pool",
         "maskgrpo_ray.learner.group",
     } <= set(modules)
     pairs = {(a, b) for a, b, _ in eager}
-    assert ("maskgrpo_ray.step.driver", "maskgrpo_ray.step.collect") in pairs
+    assert ("maskgrpo_ray.loop.driver", "maskgrpo_ray.loop.collect") in pairs
     assert ("maskgrpo_ray.learner.weight_sync", "maskgrpo_ray.learner.group") in pairs
 
 

@@ -76,7 +76,7 @@ def test_config_imports_without_torch_scorers_or_ray():
         "    pass\n"
         "else:\n"
         "    sys.exit('the finder did not refuse torch')\n"
-        "import maskgrpo_ray.config, maskgrpo_ray.config.docs, maskgrpo_ray.geneval_schema\n"
+        "import maskgrpo_ray.config, maskgrpo_ray.config.docs, maskgrpo_ray.prompts.geneval_schema\n"
         "from maskgrpo_ray.config import Config, ToyModelConfig, load_config\n"
         "from maskgrpo_ray.config.metrics import MetricSpec\n"
         "assert maskgrpo_ray.config.docs.render_config_docs().startswith('# Configuration')\n"

@@ -163,8 +163,8 @@ def _weight_gaps(wa: dict[str, torch.Tensor], wb: dict[str, torch.Tensor]) -> tu
 
 def _base(run: Path) -> dict[str, torch.Tensor]:
     """The base model's trained tensors (what the final policy is compared against)."""
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
 
     cfg = load_config("configs/toy.yaml", SMALL)
     policy = build_policy(cfg.model)

@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 import torch
 
-from maskgrpo_ray.build import build_policy, build_reward_from_settings
 from maskgrpo_ray.config import Config, load_config
-from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import (
+from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings
+from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_update,
     build_optimizer,
 )
-from maskgrpo_ray.step.phases import generate, make_train_batch, score
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate, make_train_batch, score
+from maskgrpo_ray.pipeline.settings import settings_from_config
+from maskgrpo_ray.prompts.loading import load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 
@@ -138,8 +138,8 @@ def test_world2_ranks_fetching_their_chunks_equal_the_cut_shards(ray_cluster):
     driver (the path the test above checks against the single process)."""
     import ray
 
-    from maskgrpo_ray.data_plane import RolloutMeta, RolloutRefs, Traffic, TrainRefs
     from maskgrpo_ray.learner.group import LearnerGroup
+    from maskgrpo_ray.pipeline.data_plane import RolloutMeta, RolloutRefs, Traffic, TrainRefs
 
     cfg = small_cfg()
     batch, rb = toy_batch(cfg, with_rollout=True)
@@ -184,7 +184,7 @@ def test_a_rank_whose_inputs_are_lost_makes_the_learner_lost_at_once(ray_cluster
     import ray
 
     from maskgrpo_ray.learner.group import LearnerGroup
-    from maskgrpo_ray.step.learner_core import LearnerLost
+    from maskgrpo_ray.pipeline.learner_core import LearnerLost
 
     @ray.remote(num_cpus=0)
     class Owner:

@@ -17,7 +17,7 @@ import torch
 
 from maskgrpo_ray.config import LoraConfig, load_config
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.lora import (
+from maskgrpo_ray.models.lora import (
     AdapterDisabled,
     apply_lora,
     from_peft_names,
@@ -26,11 +26,11 @@ from maskgrpo_ray.lora import (
     save_adapter,
     to_peft_names,
 )
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import build_optimizer, reference_policy
-from maskgrpo_ray.step.learner_loss import accumulate_gradients
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_core import build_optimizer, reference_policy
+from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]
@@ -219,7 +219,7 @@ def test_a_lora_run_resumes_exactly_and_evaluates_from_its_adapter(tmp_path, mon
     from safetensors.torch import load_file
 
     from maskgrpo_ray.cli import main
-    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.loop import driver
 
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -320,7 +320,7 @@ def test_a_ray_lora_run_syncs_the_adapter_only_and_equals_the_local_run(
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     assert worst <= 1e-5, worst
     adapter_bytes = sum(v.numel() * v.element_size() for v in wb.values())
-    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.pipeline.build import build_policy
 
     full = build_policy(load_config(None, RAY_SMALL[:1]).model)  # the run's model, no LoRA
     full_bytes = sum(p.numel() * p.element_size() for p in full.parameters())
@@ -348,7 +348,7 @@ def test_lora_on_the_real_model_kinds(kind, tmp_path):
     """Show-o and aMUSEd (tiny random, the real classes) with an adapter on every linear layer
     they train: equal to the base at the start, only adapter tensors train (none on aMUSEd's
     frozen text encoder and VQ model), and a gradient step on the adapter moves the logits."""
-    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.pipeline.build import build_policy
 
     mc, prompts = _real_kind(kind, tmp_path)
     torch.manual_seed(0)

@@ -22,7 +22,7 @@ from torch import nn
 from maskgrpo_ray.config import Config, ConfigError, ModelConfig, load_config
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.registry import ModelEntry, get_model, model_kinds, register_model
-from maskgrpo_ray.step.phases import generate
+from maskgrpo_ray.pipeline.phases import generate
 from maskgrpo_ray.worlds.toy import world as toyworld
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -145,7 +145,7 @@ def test_plugin_args_validated_by_its_section():
 
 
 def test_kind_checks_and_reward_defaults_come_from_the_entry():
-    from maskgrpo_ray.settings import settings_from_config
+    from maskgrpo_ray.pipeline.settings import settings_from_config
 
     with pytest.raises(ConfigError, match="exceeds the toy image's 16 tokens"):
         load_config(TOY, ["rollout.unmasking_steps=17"])  # toy: S <= grid**2

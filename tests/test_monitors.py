@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.monitors import (
+from maskgrpo_ray.loop.monitoring import probe_set
+from maskgrpo_ray.rewards.base import register_reward
+from maskgrpo_ray.runlog.monitors import (
     ALARM,
     DARK,
     EDGES,
@@ -28,8 +30,6 @@ from maskgrpo_ray.monitors import (
     reward_agreement,
     trend,
 )
-from maskgrpo_ray.rewards.base import register_reward
-from maskgrpo_ray.step.monitoring import probe_set
 
 BLACK, WHITE, RED = (0, 0, 0), (255, 255, 255), (255, 0, 0)
 

@@ -43,7 +43,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from maskgrpo_ray.backend.cluster import apply_env_defaults, force_loopback
+    from maskgrpo_ray.cluster.attach import apply_env_defaults, force_loopback
 
     os.environ.pop("RAY_ADDRESS", None)
     if ray.is_initialized():
@@ -76,7 +76,7 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
     rollout actor 0 / learner rank 0 is removed at the start of step FAULT_STEP."""
     import ray
 
-    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.loop import driver
 
     c, nodes = cluster_and_nodes
     real = driver.run_step

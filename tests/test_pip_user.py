@@ -24,7 +24,7 @@ from output_noise import third_party_warnings
 import maskgrpo_ray as mg
 from maskgrpo_ray.cli import app as cli
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.safe_files import deepspeed_accelerator
+from maskgrpo_ray.weights.safe_files import deepspeed_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_deepspeed_is_told_the_device_only_inside_the_block(monkeypatch):
 
 CHOOSE = (
     "import os\n"
-    "from maskgrpo_ray.backend.cluster import choose_token_auth\n"
+    "from maskgrpo_ray.cluster.attach import choose_token_auth\n"
     "from ray._raylet import AuthenticationMode, get_authentication_mode\n"
     "said = choose_token_auth()\n"
     "print(said, os.environ.get('RAY_AUTH_MODE'), get_authentication_mode() == "
@@ -87,7 +87,10 @@ def test_plan_cites_what_a_pip_user_has(capsys):
     assert main(["plan", "--profile", "showo_512_h100", "--gpus", "16"]) == 0
     printed = capsys.readouterr().out
     assert "bench/" not in printed and "tests/" not in printed
-    assert "maskgrpo_ray.cost_model.SHOWO_FLOPS; python -m pydoc maskgrpo_ray.cost_model" in printed
+    assert (
+        "maskgrpo_ray.planner.cost_model.SHOWO_FLOPS; python -m pydoc maskgrpo_ray.planner.cost_model"
+        in printed
+    )
 
 
 SHORT = [

@@ -10,7 +10,7 @@ import pytest
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config.evidence import recipe_keys
-from maskgrpo_ray.cost_model import PROFILES
+from maskgrpo_ray.planner.cost_model import PROFILES
 
 PAPER = "configs/showo_512_clip.yaml"
 

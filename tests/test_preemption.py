@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from maskgrpo_ray.checkpoint import latest_checkpoint
-from maskgrpo_ray.step.recovery import Preemption, StepAbandoned
+from maskgrpo_ray.checkpoints.run_store import latest_checkpoint
+from maskgrpo_ray.loop.recovery import Preemption, StepAbandoned
 
 STEPS = 12
 GRACE_S = 20.0

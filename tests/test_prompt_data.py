@@ -12,15 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maskgrpo_ray.cli import prompts as prompts_cli
-from maskgrpo_ray.data import (
-    PromptDataError,
-    PromptRecord,
-    load_prompt_records,
-    load_prompts,
-)
-from maskgrpo_ray.geneval_schema import TAGS as GENEVAL_TAGS
-from maskgrpo_ray.geneval_schema import check_metadata
-from maskgrpo_ray.prompt_gen import (
+from maskgrpo_ray.prompts.generate import (
     COLORS,
     COLOURABLE,
     ENUMERATE_LIMIT,
@@ -33,6 +25,14 @@ from maskgrpo_ray.prompt_gen import (
     metadata_key,
     plural,
     prompt_set_metadata,
+)
+from maskgrpo_ray.prompts.geneval_schema import TAGS as GENEVAL_TAGS
+from maskgrpo_ray.prompts.geneval_schema import check_metadata
+from maskgrpo_ray.prompts.loading import (
+    PromptDataError,
+    PromptRecord,
+    load_prompt_records,
+    load_prompts,
 )
 from maskgrpo_ray.worlds.toy.world import Caption
 
@@ -123,11 +123,11 @@ def test_blanks_and_duplicates_are_dropped_counted_and_logged(tmp_path, caplog):
     # lines: 1 "a cat", 2 blank, 3 repeat of 1, 4 repeat of 1 after normalising, 5 "a dog",
     # 6 blank (spaces only) -> kept [cat, dog], 2 blank, 2 duplicate
     (tmp_path / "p.txt").write_text("a cat\n\na cat\na  cat\na dog\n   \n")
-    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.prompts.loading"):
         loaded = load_prompt_records(str(tmp_path / "p.txt"))
     assert loaded.texts == ["a cat", "a dog"]
     assert loaded.dropped == {"blank": 2, "duplicate": 2}
-    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.data"]
+    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.prompts.loading"]
     msg = line.getMessage()
     assert line.levelno == logging.WARNING
     assert "dropped 2 blank" in msg and "2 repeated" in msg and "p.txt:3 repeats" in msg
@@ -136,7 +136,7 @@ def test_blanks_and_duplicates_are_dropped_counted_and_logged(tmp_path, caplog):
 def test_a_repeat_with_other_metadata_is_still_a_repeat(tmp_path, caplog):
     other = {**META[0], "tag": "colors"}
     (tmp_path / "p.jsonl").write_text(f"{json.dumps(META[0])}\n\n{json.dumps(other)}\n")
-    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.prompts.loading"):
         loaded = load_prompt_records(str(tmp_path / "p.jsonl"), "eval")
     assert [r.meta for r in loaded.records] == [without_prompt(META[0])]  # the first is kept
     assert loaded.dropped == {"blank": 1, "duplicate": 1}
@@ -145,9 +145,9 @@ def test_a_repeat_with_other_metadata_is_still_a_repeat(tmp_path, caplog):
 
 def test_a_clean_file_logs_one_info_line(tmp_path, caplog):
     (tmp_path / "p.txt").write_text("a cat\n")
-    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.data"):
+    with caplog.at_level(logging.INFO, logger="maskgrpo_ray.prompts.loading"):
         load_prompt_records(str(tmp_path / "p.txt"))
-    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.data"]
+    [line] = [r for r in caplog.records if r.name == "maskgrpo_ray.prompts.loading"]
     assert line.levelno == logging.INFO and "1 prompts" in line.getMessage()
 
 

@@ -10,18 +10,18 @@ import torch
 
 from maskgrpo_ray.actors.reward import RewardActor
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.data import load_prompt_records
+from maskgrpo_ray.pipeline.phases import generate, score_rewards
+from maskgrpo_ray.pipeline.settings import RewardSettings
+from maskgrpo_ray.prompts.loading import load_prompt_records
 from maskgrpo_ray.rewards.base import RewardSpec, build_reward
-from maskgrpo_ray.settings import RewardSettings
-from maskgrpo_ray.step.phases import generate, score_rewards
 from maskgrpo_ray.worlds.toy.rewards import ToyGenEvalReward, judge
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 
 
 def rollout():
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
 
     cfg = load_config(TOY, ["rollout.unmasking_steps=4"])
     torch.manual_seed(0)

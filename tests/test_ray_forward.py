@@ -8,8 +8,8 @@ import json
 import pytest
 from test_ray_system import small_cfg
 
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.step import driver
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ import torch
 from test_ray_system import chunks_of, rollout_versions, small_cfg
 
 from maskgrpo_ray.actors.filter import FilterActor
-from maskgrpo_ray.data import load_prompts
-from maskgrpo_ray.data_plane import Traffic, fetch_rollout, rollout_nbytes
-from maskgrpo_ray.step.phases import make_train_batch
+from maskgrpo_ray.pipeline.data_plane import Traffic, fetch_rollout, rollout_nbytes
+from maskgrpo_ray.pipeline.phases import make_train_batch
+from maskgrpo_ray.prompts.loading import load_prompts
 
 CALL_TIMEOUT_S = 8.0
 
@@ -193,7 +193,7 @@ def test_rollouts_reach_the_reward_actor_and_the_learner_without_the_driver(exec
     is tiny); the rewards, computed by the reward actor from images it fetched itself, equal
     the same reward on the fetched images; and the learner ranks fetch their groups from the
     object store (``bytes/learner_fetch``) while the driver sends plans only."""
-    from maskgrpo_ray.data_plane import RolloutRefs
+    from maskgrpo_ray.pipeline.data_plane import RolloutRefs
     from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
     ex = executor

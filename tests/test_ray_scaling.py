@@ -9,8 +9,8 @@ import pytest
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.step import driver
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [

@@ -16,11 +16,11 @@ import ray
 import torch
 
 from maskgrpo_ray.config import Config, load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.data_plane import Traffic, fetch_rollout
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.step.collect import seeded_chunks
-from maskgrpo_ray.step.phases import make_train_batch
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.loop.collect import seeded_chunks
+from maskgrpo_ray.pipeline.data_plane import Traffic, fetch_rollout
+from maskgrpo_ray.pipeline.phases import make_train_batch
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 SMALL = [
@@ -203,7 +203,7 @@ def test_check_prompt_and_filter_state(executor):
     # actor's state, and its figures are the actor's
     from types import SimpleNamespace
 
-    from maskgrpo_ray.data_plane import Traffic
+    from maskgrpo_ray.pipeline.data_plane import Traffic
 
     ex.filter(SimpleNamespace(rewards=rewards, rollout=SimpleNamespace(group_size=2)), Traffic())
     assert ray.get(ex.filters.actor.state_dict.remote(), timeout=60) == ex.filter_state()

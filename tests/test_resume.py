@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from maskgrpo_ray.checkpoint import latest_checkpoint, save_checkpoint
+from maskgrpo_ray.checkpoints.run_store import latest_checkpoint, save_checkpoint
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.step import driver
+from maskgrpo_ray.loop import driver
 
 SMALL = [
     "model.toy.pretrain_steps=20",

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from maskgrpo_ray.build import build_reward_from_settings
 from maskgrpo_ray.config import ConfigError, load_config
+from maskgrpo_ray.pipeline.build import build_reward_from_settings
+from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.rewards.base import CompositeReward, EnsembleSpec
-from maskgrpo_ray.settings import settings_from_config
 
 NAN = float("nan")
 

@@ -15,13 +15,13 @@ import pytest
 import ray
 import torch
 
-from maskgrpo_ray.build import build_policy
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.loop.local import LocalExecutor
+from maskgrpo_ray.pipeline.build import build_policy
+from maskgrpo_ray.pipeline.phases import REWARD_FAILURE_KINDS, filter_groups, generate, score
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 from maskgrpo_ray.rewards.base import CompositeReward
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.step.local import LocalExecutor
-from maskgrpo_ray.step.phases import REWARD_FAILURE_KINDS, filter_groups, generate, score
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward
 
@@ -89,7 +89,7 @@ def test_score_counts_each_component_and_keeps_the_good_values(caplog):
     prompts = load_prompts("toy")[:3]
     poison = {"nan_on": prompts[0], "inf_on": prompts[1], "raise_on": "-", "shape_on": "-"}
     rb = _rollout(policy, prompts, [7, 8, 9])
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.step.phases"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.pipeline.phases"):
         sb = score(faulty_reward(**poison), rb)
     assert sb.reward_failures == expected_failures(prompts, poison)
     rules = ToyRuleReward(grid=4)(rb.images, [p for p in prompts for _ in range(G)])
@@ -112,7 +112,7 @@ def test_score_counts_each_component_and_keeps_the_good_values(caplog):
     # raising and wrong shape: the whole batch, each with its own counter and warning
     poison = {"nan_on": "-", "inf_on": "-", "raise_on": prompts[2], "shape_on": prompts[2]}
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.step.phases"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.pipeline.phases"):
         sb = score(faulty_reward(**poison), rb)
     assert sb.reward_failures == expected_failures(prompts, poison)
     assert torch.isnan(sb.rewards).all() and filter_groups(sb, None).invalid.all()
@@ -239,8 +239,8 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
 @pytest.mark.timeout(300)
 def test_reward_actor_reports_the_same_counts(ray_cluster):
     from maskgrpo_ray.actors.reward import RemoteRewardActor
-    from maskgrpo_ray.settings import settings_from_config
-    from maskgrpo_ray.types import RewardResult
+    from maskgrpo_ray.pipeline.messages import RewardResult
+    from maskgrpo_ray.pipeline.settings import settings_from_config
 
     torch.manual_seed(0)
     policy = ToyPolicy(ToyModelSpec(grid=4, d_model=32, layers=1)).eval()

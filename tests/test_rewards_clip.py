@@ -206,7 +206,7 @@ def test_cuda_bf16_close_to_cpu_fp32(tiny, reward, images):
 
 
 def test_embed_is_the_normalised_image_features_the_score_uses(reward, images):
-    """The diversity embedding (``maskgrpo_ray.diversity``): the same image features the
+    """The diversity embedding (``maskgrpo_ray.algo.diversity``): the same image features the
     score takes the cosine of, normalised."""
     feats = reward.embed(images)
     assert feats.shape[0] == 4 and feats.device.type == "cpu"

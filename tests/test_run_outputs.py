@@ -6,7 +6,7 @@ import math
 
 from PIL import Image
 
-from maskgrpo_ray.metrics import RunLog, reward_curve_figure
+from maskgrpo_ray.runlog.run_log import RunLog, reward_curve_figure
 
 
 def _rows():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from maskgrpo_ray.safe_files import (
+from maskgrpo_ray.weights.safe_files import (
     DEEPSPEED_GLOBALS,
     UnsafeFileError,
     check_pickles,
@@ -97,7 +97,7 @@ def test_restore_refuses_a_tampered_checkpoint(tmp_path, marker):
     """A local run's checkpoint whose executor state was replaced: the restore stops with one
     line before loading anything."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.step.recovery import Checkpoints
+    from maskgrpo_ray.loop.recovery import Checkpoints
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "toy.yaml")
     folder = tmp_path / "step_00000001"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from maskgrpo_ray.geneval_rule import relative_position
-from maskgrpo_ray.geneval_schema import TAGS, check_metadata
-from maskgrpo_ray.step.learner_loss import pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_loss import pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.prompts.geneval_rule import relative_position
+from maskgrpo_ray.prompts.geneval_schema import TAGS, check_metadata
 from maskgrpo_ray.worlds.shapes import judge, pretrain, scenes, tokenizer
 from maskgrpo_ray.worlds.shapes.policy import PolicySpec, ShapesPolicy, WorldSpec
 from maskgrpo_ray.worlds.shapes.reward_model import malform
@@ -290,8 +290,8 @@ def test_the_ray_run_equals_the_local_run_on_the_shapes_world(tmp_path, monkeypa
     # round-off, far below how far the runs moved the weights
     atol = 5e-5
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= atol
-    from maskgrpo_ray.build import build_policy
     from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.pipeline.build import build_policy
 
     base = build_policy(load_config("configs/shapes.yaml", TINY_WORLD).model).state_dict()
     assert max(float((wa[k] - base[k]).abs().max()) for k in wa) > 10 * atol

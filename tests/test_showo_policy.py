@@ -221,8 +221,8 @@ def test_policy_from_config_section(tmp_path):
 def _train_batch():
     """A tiny Show-o and a train batch of its real rollout: 2 prompts x 2 samples, CFG, 4
     unmasking steps, advantages summing to 0."""
-    from maskgrpo_ray.step.phases import generate
-    from maskgrpo_ray.types import TrainBatch
+    from maskgrpo_ray.pipeline.messages import TrainBatch
+    from maskgrpo_ray.pipeline.phases import generate
 
     base = _policy()
     rb = generate(
@@ -248,8 +248,8 @@ def test_activation_checkpointing_knob_gives_the_same_update():
     the recomputed forward runs the same kernels). The toy model has no such mode and says so."""
     import copy
 
-    from maskgrpo_ray.step.learner_core import apply_activation_checkpointing
-    from maskgrpo_ray.step.learner_loss import accumulate_gradients
+    from maskgrpo_ray.pipeline.learner_core import apply_activation_checkpointing
+    from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients
     from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
     base, batch = _train_batch()
@@ -288,7 +288,7 @@ def test_bf16_autocast_update_is_close_to_float32():
     an AVX2-only one (the same machine's rounded-weights distance: 0.023)."""
     import copy
 
-    from maskgrpo_ray.step.learner_loss import accumulate_gradients
+    from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients
 
     base, batch = _train_batch()
     rounded = copy.deepcopy(base)

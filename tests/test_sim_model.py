@@ -17,9 +17,9 @@ import yaml
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.models.sim import SimModelConfig, SimPolicy, image_side, workload_of
 from maskgrpo_ray.rewards.base import build_reward
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
+from maskgrpo_ray.worlds.toy.sim import SimModelConfig, SimPolicy, image_side, workload_of
 
 TOY = Path(__file__).parents[1] / "configs" / "toy.yaml"
 SIM = Path(__file__).parents[1] / "configs" / "sim_showo512.yaml"
@@ -206,7 +206,7 @@ def test_a_local_step_takes_the_profiles_time(tmp_path, monkeypatch):
 
 
 def test_the_clock_holds_a_call_to_its_simulated_time_and_counts_overruns():
-    from maskgrpo_ray.models.sim import SimClock
+    from maskgrpo_ray.worlds.toy.sim import SimClock
 
     clock = SimClock(time_scale=0.5)
     began = time.perf_counter()

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.data_plane import RolloutMeta, RolloutPiece, RolloutRefs
-from maskgrpo_ray.step.staleness import (
+from maskgrpo_ray.loop.staleness import (
     ONPOLICY_FIRST_RATIO,
     group_versions,
     onpolicy_check,
     staleness_check,
 )
+from maskgrpo_ray.pipeline.data_plane import RolloutMeta, RolloutPiece, RolloutRefs
 
 
 def _refs() -> RolloutRefs:

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.data import PromptStream, load_prompts
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.step.phases import FilterResult, generate
-from maskgrpo_ray.types import ScoredBatch
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.pipeline.messages import ScoredBatch
+from maskgrpo_ray.pipeline.phases import FilterResult, generate
+from maskgrpo_ray.pipeline.settings import step_settings
+from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -106,7 +107,7 @@ def _source(ex, cfg, prompts, skip=0):
 def test_reward_figures_describe_every_generated_group_and_the_kept_ones_apart():
     cfg = load_config(TOY, ["filter.max_resamples=1", "rollout.samples_per_prompt=2"])
     ex = TableExecutor()
-    out, _ = driver.run_step(ex, cfg, 0, _source(ex, cfg, ex.prompts))
+    out, _ = driver.run_step(ex, step_settings(cfg), 0, _source(ex, cfg, ex.prompts))
     row = out.row
     # generated: attempt 0 (4 groups) + attempt 1 (prompts 1, 3); the NaN sample is left out:
     #   finite rewards 1, 0, .5, .5, 1, .25, .25 | 0, .6, .75, .75 -> 5.6 / 11
@@ -132,7 +133,7 @@ def test_reward_figures_when_nothing_survives():
     # every group invalid or dropped: the all-groups figures still describe them, kept are NaN
     cfg = load_config(TOY, ["filter.max_resamples=0", "rollout.samples_per_prompt=2"])
     ex = TableExecutor()
-    row = driver.run_step(ex, cfg, 0, _source(ex, cfg, ex.prompts, skip=1))[0].row
+    row = driver.run_step(ex, step_settings(cfg), 0, _source(ex, cfg, ex.prompts, skip=1))[0].row
     # finite rewards .5, .5, 1, .25, .25 -> 2.5 / 5; correct 1, 1, 1, 0, 0 -> 3 / 5
     assert row["reward_mean"] == pytest.approx(0.5, abs=1e-6)
     assert row["accuracy"] == pytest.approx(0.6, abs=1e-6)

@@ -31,9 +31,9 @@ from maskgrpo_ray.algo.step_signal import (
 )
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import ConfigError, load_config
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import UpdatePlanner
-from maskgrpo_ray.step.step_signal import ProbeSpec, StepSignal
+from maskgrpo_ray.loop.step_signal_probe import ProbeSpec, StepSignal
+from maskgrpo_ray.pipeline.learner_core import UpdatePlanner
+from maskgrpo_ray.pipeline.settings import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -282,7 +282,7 @@ def test_probe_and_auto_on_ray(tmp_path):
     rows = _train(tmp_path / "ray", "ray", sets)
     cfg = load_config(tmp_path / "ray/config.json")
     bench = _bench()
-    from maskgrpo_ray.build import build_policy
+    from maskgrpo_ray.pipeline.build import build_policy
 
     got = bench.measure(
         cfg, build_policy(cfg.model).eval(), ProbeSpec.of_run(cfg.run.seed, 0, 3, 2)
@@ -305,8 +305,8 @@ def test_auto_resumes_with_its_selection(tmp_path, monkeypatch):
     """auto's selection is in the checkpoint: a run cut after the step-2 checkpoint (its
     selection from the probe of step 0; the next probe at step 3) resumes to the weights and
     selections of the uninterrupted run."""
-    from maskgrpo_ray.checkpoint import latest_checkpoint
-    from maskgrpo_ray.step import driver
+    from maskgrpo_ray.checkpoints.run_store import latest_checkpoint
+    from maskgrpo_ray.loop import driver
 
     sets = [
         "train.steps=5",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from maskgrpo_ray.checkpoints.storage import MANIFEST, CheckpointError, CheckpointStore
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.storage import MANIFEST, CheckpointError, CheckpointStore
+from maskgrpo_ray.loop import driver
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -134,7 +134,7 @@ def test_corrupt_latest_falls_back_to_previous(store, tmp_path, caplog, change, 
     store.save(2, _writer(b"a"), keep=2)
     store.save(4, _writer(b"b"), keep=2)
     _corrupt(store, "step_000004/learner/weights.bin", change)
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.storage"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.checkpoints.storage"):
         got = store.fetch_valid(tmp_path / "scratch")
     assert got is not None and got.name == "step_000002"
     assert (got / "learner" / "weights.bin").read_bytes() == b"a" * 1000
@@ -150,7 +150,7 @@ def test_missing_manifest_or_file_is_detected(store, tmp_path, caplog):
     store.save(6, _writer(b"c"), keep=3)
     store.fs.rm(f"{store.root}/step_000006/{MANIFEST}")
     store.fs.rm(f"{store.root}/step_000004/driver.pt")
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.storage"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.checkpoints.storage"):
         got = store.fetch_valid(tmp_path / "scratch")
     assert got is not None and got.name == "step_000002"
     text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

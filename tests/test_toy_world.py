@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgrpo_ray.data import PromptStream, keep_valid_prompts, load_prompts
+from maskgrpo_ray.prompts.loading import PromptStream, keep_valid_prompts, load_prompts
 from maskgrpo_ray.worlds.toy import world as toyworld
 from maskgrpo_ray.worlds.toy.rewards import ToyRuleReward, judge
 from maskgrpo_ray.worlds.toy.world import Caption

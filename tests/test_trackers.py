@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.step import driver
-from maskgrpo_ray.trackers import TensorBoardTracker, flatten, numbers
+from maskgrpo_ray.loop import driver
+from maskgrpo_ray.runlog.trackers import TensorBoardTracker, flatten, numbers
 
 PKG = Path(__file__).resolve().parents[1] / "maskgrpo_ray"
 SMALL = [
@@ -236,9 +236,9 @@ def test_a_tracker_failing_mid_run_is_disabled_with_one_warning_and_the_run_comp
 
     monkeypatch.setattr(TensorBoardTracker, "log_metrics", flaky)
     run = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.trackers"):
+    with caplog.at_level(logging.WARNING, logger="maskgrpo_ray.runlog.trackers"):
         assert main(_args(run, "logging.trackers=[tensorboard]")) == 0
-    warned = [r for r in caplog.records if r.name == "maskgrpo_ray.trackers"]
+    warned = [r for r in caplog.records if r.name == "maskgrpo_ray.runlog.trackers"]
     assert len(warned) == 1 and "tensorboard" in warned[0].getMessage()
     assert "server unreachable" in warned[0].getMessage()
     summary = json.loads((run / "summary.json").read_text())
@@ -254,12 +254,12 @@ def test_a_tracker_failing_mid_run_is_disabled_with_one_warning_and_the_run_comp
 def test_a_default_run_imports_no_tracker_library(tmp_path):
     code = (
         "import sys\n"
-        "from maskgrpo_ray import metrics, trackers\n"
-        "from maskgrpo_ray.step import driver\n"
+        "from maskgrpo_ray.runlog import run_log, trackers\n"
+        "from maskgrpo_ray.loop import driver\n"
         "from maskgrpo_ray.config import load_config\n"
         "cfg = load_config('configs/toy.yaml')\n"
         "assert cfg.logging.trackers == []\n"
-        "with metrics.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
+        "with run_log.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
         "    [], {}, cfg.model_dump(mode='json'), 0, 'x'):\n"
         "    pass\n"
         "print([m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard')"
@@ -292,4 +292,4 @@ def test_only_the_trackers_module_imports_a_tracker_library_and_only_the_driver_
             if isinstance(node, ast.Attribute) and node.attr == "tracking":
                 openers.add(path.relative_to(PKG).as_posix())
     assert importers == {"trackers.py"}
-    assert openers == {"step/driver.py"}  # the driver process; actors never hold a tracker
+    assert openers == {"loop/driver.py"}  # the driver process; actors never hold a tracker

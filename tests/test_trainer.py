@@ -10,11 +10,11 @@ import torch
 from maskgrpo_ray.algo.grpo import select_train_steps
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.learner_core import TorchOptimizing, UpdatePlan, apply_update
-from maskgrpo_ray.step.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
-from maskgrpo_ray.step.phases import generate
-from maskgrpo_ray.types import TrainBatch
+from maskgrpo_ray.pipeline.learner_core import TorchOptimizing, UpdatePlan, apply_update
+from maskgrpo_ray.pipeline.learner_loss import accumulate_gradients, pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.phases import generate
+from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.worlds.toy.model import ToyModelSpec, ToyPolicy
 
 PROMPTS = ["one red dot on the left", "three blue dots on the top", "two cyan dots on the right"]

@@ -248,7 +248,7 @@ def test_mutated_configs_validate_or_fail_in_one_line(edits, tmp_path_factory, c
 
 def test_status_and_scale_never_hang_without_a_cluster(capsys, monkeypatch, tmp_path):
     """No --address, no RAY_ADDRESS, no head on this machine: one line at once."""
-    from maskgrpo_ray.backend import cluster as ray_cluster
+    from maskgrpo_ray.cluster import attach as ray_cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray_cluster, "_local_head_address", lambda: None)

@@ -1,4 +1,4 @@
-"""maskgrpo_ray/backend/weight_transfer.py: bucket plan, pack/unpack, and a real two- and three-process gloo
+"""maskgrpo_ray/cluster/weight_transfer.py: bucket plan, pack/unpack, and a real two- and three-process gloo
 broadcast; on a Ray cluster (slow) the collective sync gives the rollout actors the learner's
 exact weights, as the object store does, and re-forms its group when an actor is lost."""
 
@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from maskgrpo_ray.backend.weight_transfer import (
+from maskgrpo_ray.cluster.weight_transfer import (
     Channel,
     TensorMeta,
     open_store,
@@ -107,9 +107,9 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
     from test_ray_system import learner_digest, rollout_versions, small_cfg
 
     from maskgrpo_ray.backend.executor import RayExecutor
-    from maskgrpo_ray.data import load_prompts
     from maskgrpo_ray.learner.weight_sync import CollectiveSync
-    from maskgrpo_ray.step.phases import make_train_batch
+    from maskgrpo_ray.pipeline.phases import make_train_batch
+    from maskgrpo_ray.prompts.loading import load_prompts
 
     ex = RayExecutor(small_cfg("learner.weight_sync=collective"), timeout_s=120)
     try:
@@ -117,7 +117,7 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
         prompts = load_prompts("toy", "train")[:4]
         from test_ray_system import chunks_of
 
-        from maskgrpo_ray.data_plane import Traffic
+        from maskgrpo_ray.pipeline.data_plane import Traffic
 
         batch = ex.generate_and_score(chunks_of(ex, prompts, [0, 1, 2, 3]), Traffic())
         ex.update(make_train_batch(batch, torch.ones(4, dtype=torch.bool), 1e-4))
@@ -148,7 +148,7 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
 
 def test_config_resolves_and_refuses_weight_sync_and_async():
     from maskgrpo_ray.config import ConfigError, load_config
-    from maskgrpo_ray.settings import settings_from_config
+    from maskgrpo_ray.pipeline.settings import settings_from_config
 
     def sync_of(*sets: str) -> str:
         return settings_from_config(load_config("configs/toy.yaml", list(sets))).learner.weight_sync

@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_learner_deepspeed import local_reference, small_cfg, toy_batch
 
-from maskgrpo_ray.settings import settings_from_config
+from maskgrpo_ray.pipeline.settings import settings_from_config
 
 UPDATES = 3
 WEIGHT_TOL = 1e-5  # max |dW| / max |W| per tensor (the stage-0 test: 1e-5 per element)

@@ -17,7 +17,7 @@ of each step (``[S, K, K]``; :func:`signal_of_grams`):
 The same with the advantages shuffled within each group (:func:`shuffle_within_groups`: the
 same rewards, no link to the samples) is the *floor*: 0 in expectation, its spread what noise
 alone gives. :func:`select_by_signal` is ``train.unmasking_step_selection: auto``'s rule.
-Pure tensor math; ``bench/step_signal.py`` and a run's probe (``step/signal.py``) share it.
+Pure tensor math; ``bench/step_signal.py`` and a run's probe (``loop/step_signal_probe.py``) share it.
 """
 
 from __future__ import annotations

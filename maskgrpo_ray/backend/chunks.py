@@ -3,7 +3,7 @@
 The prompts of a call are cut into chunks; an idle rollout actor takes the next chunk, and each
 finished rollout goes straight on to the least busy reward actor (the object store carries it;
 the driver holds references and fetches only a small meta and the rewards:
-``maskgrpo_ray.data_plane``). A rollout actor that dies mid-chunk, or whose call outlives its
+``maskgrpo_ray.pipeline.data_plane``). A rollout actor that dies mid-chunk, or whose call outlives its
 deadline (hung: it is killed), is healed: the ``heal`` callback (``RolloutFleet.heal``) counts
 the loss, replaces the actor (a fresh one with its siblings' weights, within the run's restart
 budget) or, past the budget, only drops it. Its chunk is re-issued with the same seed, so the
@@ -27,9 +27,15 @@ import ray
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.pool import ActorPool, Member
-from maskgrpo_ray.backend.metrics import RayMetrics
-from maskgrpo_ray.data_plane import REF_BYTES, RolloutMeta, RolloutRefs, Traffic, wire_bytes
-from maskgrpo_ray.types import Chunk, RewardResult, ScoredBatch
+from maskgrpo_ray.cluster.ray_metrics import RayMetrics
+from maskgrpo_ray.pipeline.data_plane import (
+    REF_BYTES,
+    RolloutMeta,
+    RolloutRefs,
+    Traffic,
+    wire_bytes,
+)
+from maskgrpo_ray.pipeline.messages import Chunk, RewardResult, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +110,7 @@ class ChunkScheduler:
         """Every chunk generated and scored, by chunk index. A rollout travels as three objects
         (``generate_split``): a small meta, the rollout without images and the images. The
         reward actor reads the last two; this process fetches the meta and the rewards only:
-        each result's ``rollout`` is a :class:`~maskgrpo_ray.data_plane.RolloutRefs`. The bytes
+        each result's ``rollout`` is a :class:`~maskgrpo_ray.pipeline.data_plane.RolloutRefs`. The bytes
         this process sends and receives are added to ``traffic``."""
         run = _ChunkRun(self, chunks, traffic)
         while run.busy():

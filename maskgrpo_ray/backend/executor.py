@@ -1,4 +1,4 @@
-"""RayExecutor: the Executor protocol of ``step/driver.py`` on a Ray cluster.
+"""RayExecutor: the Executor protocol of ``loop/driver.py`` on a Ray cluster.
 
 The executor keeps the learner side and the wiring: a :class:`learner.group.LearnerGroup` of
 DeepSpeed ranks updates, saves and loads (and is replaced when a rank is lost); one filter actor
@@ -6,7 +6,7 @@ keeps the std history (``backend.filter.RemoteFilter``); a control actor carries
 and ``maskgrpo status``. The rollout and reward actors belong to the
 :class:`~maskgrpo_ray.backend.fleet.RolloutFleet` (pools, healing, scaling, prompt metadata, the
 weight sync's membership, behind one lock): chunks run through it, weights are pushed through
-it. Every actor gets the typed settings of its role (``maskgrpo_ray.settings``), never the
+it. Every actor gets the typed settings of its role (``maskgrpo_ray.pipeline.settings``), never the
 config.
 
 Threads: the driver's main thread calls every method here; with ``rollout.max_policy_lag`` >=
@@ -29,22 +29,22 @@ import torch
 from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.control import start_control_actor
-from maskgrpo_ray.backend.cluster import ClusterHandle, connect, disconnect
 from maskgrpo_ray.backend.filter import RemoteFilter
 from maskgrpo_ray.backend.fleet import RolloutFleet
-from maskgrpo_ray.backend.metrics import process_metrics
+from maskgrpo_ray.cluster.attach import ClusterHandle, connect, disconnect
+from maskgrpo_ray.cluster.ray_metrics import process_metrics
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.evaluation.generation import grid_unit, make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
+from maskgrpo_ray.loop.collect import chunk_prompts_of
+from maskgrpo_ray.loop.snapshot import host_copy
+from maskgrpo_ray.loop.step_signal_probe import StepSignal
 from maskgrpo_ray.models.registry import prepare_model
-from maskgrpo_ray.safe_files import load_torch_file
-from maskgrpo_ray.settings import settings_from_config
-from maskgrpo_ray.step.collect import chunk_prompts_of
-from maskgrpo_ray.step.snapshot import host_copy
-from maskgrpo_ray.step.step_signal import StepSignal
-from maskgrpo_ray.types import Chunk, FilterResult, ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.data_plane import Traffic, TrainRefs
+from maskgrpo_ray.pipeline.messages import Chunk, FilterResult, ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.settings import settings_from_config
+from maskgrpo_ray.weights.safe_files import load_torch_file
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from ray.exceptions import RayActorError
 
 from maskgrpo_ray.actors.base import on_driver_node
 from maskgrpo_ray.actors.filter import FilterActor, RemoteFilterActor
-from maskgrpo_ray.backend.metrics import RayMetrics
-from maskgrpo_ray.data_plane import Traffic, wire_bytes
-from maskgrpo_ray.settings import FilterSettings
-from maskgrpo_ray.step.phases import FilterResult
+from maskgrpo_ray.cluster.ray_metrics import RayMetrics
+from maskgrpo_ray.pipeline.data_plane import Traffic, wire_bytes
+from maskgrpo_ray.pipeline.phases import FilterResult
+from maskgrpo_ray.pipeline.settings import FilterSettings
 
 log = logging.getLogger(__name__)
 FILTER_ATTEMPTS = 3  # a filter call is tried on this many filter actors before the run fails

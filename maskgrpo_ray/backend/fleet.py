@@ -36,8 +36,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from maskgrpo_ray.actors.pool import ActorPool, Member, rollout_pool
 from maskgrpo_ray.actors.reward import RemoteRewardActor
 from maskgrpo_ray.backend.chunks import ChunkScheduler, map_over_pool
-from maskgrpo_ray.backend.metrics import RayMetrics
-from maskgrpo_ray.data_plane import Traffic
+from maskgrpo_ray.cluster.ray_metrics import RayMetrics
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import (
     SyncReport,
@@ -45,8 +44,9 @@ from maskgrpo_ray.learner.weight_sync import (
     copy_from_sibling,
     newest_rollout_weights,
 )
-from maskgrpo_ray.settings import RunSettings
-from maskgrpo_ray.types import Chunk, ScoredBatch
+from maskgrpo_ray.pipeline.data_plane import Traffic
+from maskgrpo_ray.pipeline.messages import Chunk, ScoredBatch
+from maskgrpo_ray.pipeline.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from typing import Any, NoReturn
 
 import yaml
 
+from maskgrpo_ray.checkpoints.storage import CheckpointError
 from maskgrpo_ray.cli.run_folder import COMPLETE, complete_run, find_checkpoint, resolve_run_dir
 from maskgrpo_ray.config import Config, ConfigError, load_config
 from maskgrpo_ray.errors import UserError, one_line
-from maskgrpo_ray.hub import pending_fields, resolve_config
-from maskgrpo_ray.step.driver import RunFailed
-from maskgrpo_ray.step.executor import Executor
-from maskgrpo_ray.storage import CheckpointError
+from maskgrpo_ray.loop.driver import RunFailed
+from maskgrpo_ray.loop.executor import Executor
+from maskgrpo_ray.weights.hub import pending_fields, resolve_config
 
 log = logging.getLogger("maskgrpo")
 
@@ -129,13 +129,13 @@ class RunPrompts:
 def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     """What a run needs before anything starts: its prompt files read and checked, the model
     kind's and the rewards' files found (nothing downloaded: hub ids were resolved before, by
-    :func:`maskgrpo_ray.hub.resolve_config`). ``unfetched``: config keys holding a hub id that
+    :func:`maskgrpo_ray.weights.hub.resolve_config`). ``unfetched``: config keys holding a hub id that
     was checked on the hub but not downloaded (``maskgrpo validate``); their files are not
     checked. Raises a :class:`UserError` naming the field, the path and the fix."""
-    from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.models.registry import check_model_files
+    from maskgrpo_ray.pipeline.settings import check_diversity_spaces, settings_from_config
+    from maskgrpo_ray.prompts.loading import load_prompt_records
     from maskgrpo_ray.rewards.base import check_reward_files
-    from maskgrpo_ray.settings import check_diversity_spaces, settings_from_config
 
     column = cfg.data.prompt_column
     train = load_prompt_records(cfg.data.prompts, "train", column=column).records
@@ -169,11 +169,11 @@ def run_train(
     :func:`preflight` loaded; None: preflight here)."""
     import torch
 
-    from maskgrpo_ray.build import build_filter, build_policy, build_reward_from_settings
-    from maskgrpo_ray.data import PromptStream, keep_valid_prompts
-    from maskgrpo_ray.metrics import write_json_atomic
-    from maskgrpo_ray.step import driver
-    from maskgrpo_ray.step.driver import EvalSet
+    from maskgrpo_ray.loop import driver
+    from maskgrpo_ray.loop.driver import EvalSet
+    from maskgrpo_ray.pipeline.build import build_filter, build_policy, build_reward_from_settings
+    from maskgrpo_ray.prompts.loading import PromptStream, keep_valid_prompts
+    from maskgrpo_ray.runlog.run_log import write_json_atomic
 
     prompts = prompts or preflight(cfg)
     torch.manual_seed(cfg.run.seed)
@@ -185,8 +185,8 @@ def run_train(
     train_prompts = [r.text for r in train_records]
     eval_prompts = [r.text for r in eval_records]
     if cfg.run.backend == "local":
-        from maskgrpo_ray.settings import settings_from_config
-        from maskgrpo_ray.step.local import LocalExecutor
+        from maskgrpo_ray.loop.local import LocalExecutor
+        from maskgrpo_ray.pipeline.settings import settings_from_config
 
         settings = settings_from_config(cfg)
         policy = build_policy(cfg.model)
@@ -235,7 +235,7 @@ def batched_check(ex: Executor, prompts: list[str]) -> Any:
 
 def control(args: argparse.Namespace) -> int:
     """``maskgrpo scale`` / ``maskgrpo status``: talk to a running job's control actor."""
-    from maskgrpo_ray.backend.cluster import attach, use_token_if_present
+    from maskgrpo_ray.cluster.attach import attach, use_token_if_present
 
     use_token_if_present()  # before ray is imported: it reads the auth mode then
     import ray

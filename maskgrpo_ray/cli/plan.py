@@ -6,7 +6,7 @@
 Prints the recommended split, its predicted images/s and GPU busy fractions, every split's
 prediction, the work-conserving limit ``n / (r + l)``, and what a learner checkpoint costs at
 the run's cadence (bytes, seconds, the share of the run, what a kill loses), all from
-:mod:`maskgrpo_ray.cost_model` (the model ``bench/bench_cluster_sim.py`` checks against the
+:mod:`maskgrpo_ray.planner.cost_model` (the model ``bench/bench_cluster_sim.py`` checks against the
 simulated cluster). Predictions come from a FLOP model at stated MFUs: a plan, not a measurement.
 
 With ``--config`` the loop is the config's: ``rollout.max_policy_lag`` 0 plans the synchronous
@@ -23,17 +23,15 @@ import sys
 from dataclasses import asdict, replace
 from typing import Any, NamedTuple
 
-from maskgrpo_ray.checkpoint_cost import CheckpointCost, checkpoint_bytes, checkpoint_cost
-from maskgrpo_ray.cost_model import (
+from maskgrpo_ray.planner.checkpoint_cost import CheckpointCost, checkpoint_bytes, checkpoint_cost
+from maskgrpo_ray.planner.cost_model import (
     PROFILES,
     CostProfile,
-    SplitPlan,
     Workload,
-    pipeline_ideal,
-    plan_split,
     showo_profile,
 )
-from maskgrpo_ray.reward_cost import with_rewards
+from maskgrpo_ray.planner.reward_cost import with_rewards
+from maskgrpo_ray.planner.split import SplitPlan, pipeline_ideal, plan_split
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -151,12 +149,12 @@ def _from_config(args: argparse.Namespace) -> tuple[CostProfile, Workload, Any]:
     profile named by ``--profile``, else the sim model's own, else Show-o's at the config's
     resolution on ``--gpu``."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.cost_model import workload_of
+    from maskgrpo_ray.planner.cost_model import workload_of
 
     cfg = load_config(args.config, args.overrides)
     work = workload_of(cfg)
     if args.profile is None and cfg.model.kind == "sim":
-        from maskgrpo_ray.models.sim import sim_settings
+        from maskgrpo_ray.worlds.toy.sim import sim_settings
 
         profile = sim_settings(cfg.model).cost_profile()
     elif args.profile is None and cfg.model.kind == "showo":
@@ -185,7 +183,7 @@ def make_plan(args: argparse.Namespace) -> Planned:
     """The profile ``args`` name (or ``--config``'s), its workload, the recommended split for
     the loop to plan and the recipe's evidence; ValueError (one line, the fix) for a profile,
     GPU or option that does not exist."""
-    from maskgrpo_ray.cost_model import probe_overhead
+    from maskgrpo_ray.planner.cost_model import probe_overhead
 
     cfg, evidence, probe = None, NO_RECIPE, (0.0, 0.0)
     if getattr(args, "config", None) is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from maskgrpo_ray.data import PromptRecord
+    from maskgrpo_ray.prompts.loading import PromptRecord
 
 
 def register(sub: Any) -> None:
@@ -96,8 +96,8 @@ def _subset(metas: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[
 
 
 def make(args: argparse.Namespace) -> int:
-    from maskgrpo_ray.data import load_prompt_records
-    from maskgrpo_ray.prompt_gen import make_geneval_prompts, prompt_set_metadata
+    from maskgrpo_ray.prompts.generate import make_geneval_prompts, prompt_set_metadata
+    from maskgrpo_ray.prompts.loading import load_prompt_records
 
     _check_out(Path(args.out))
     if args.kind != "geneval":
@@ -125,7 +125,7 @@ def make(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from maskgrpo_ray.data import load_prompt_records
+    from maskgrpo_ray.prompts.loading import load_prompt_records
 
     loaded = load_prompt_records(
         args.file, args.split, column=args.prompt_column, require_tag=args.require_tag

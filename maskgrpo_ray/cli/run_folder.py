@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from maskgrpo_ray.checkpoint import run_store
+from maskgrpo_ray.checkpoints.run_store import run_store
+from maskgrpo_ray.checkpoints.storage import STEP_PREFIX
 from maskgrpo_ray.config import Config, ConfigError
-from maskgrpo_ray.storage import STEP_PREFIX
 
 log = logging.getLogger("maskgrpo")
 

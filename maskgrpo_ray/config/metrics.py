@@ -3,7 +3,7 @@ k=v,...``, checked field by field (which kind reads which field, where its weigh
 
 Plain pydantic (no torch): a section of the config tree (``config.run.EvalConfig`` holds it),
 filed with the config family so the config imports nothing of the evaluation; the evaluation
-reads it (its old path in ``evaluation/`` still imports: ``maskgrpo_ray/_moved.py``). The metrics
+reads it. The metrics
 are :mod:`maskgrpo_ray.evaluation.metrics` (per image) and :mod:`maskgrpo_ray.evaluation.fid`
 (FID and KID over a set); the checks of the files a spec names,
 :mod:`maskgrpo_ray.evaluation.metric_files`.

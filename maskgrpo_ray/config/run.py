@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from maskgrpo_ray.config.base import Strict
 from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
-from maskgrpo_ray.trackers import TrackerName, check_args, check_installed
+from maskgrpo_ray.runlog.trackers import TrackerName, check_args, check_installed
 
 
 class EvalConfig(Strict):

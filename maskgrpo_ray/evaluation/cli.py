@@ -88,7 +88,7 @@ def adapter_overrides(sources: list[str], config: Path | None, overrides: list[s
     """``model.lora=...`` from the first LoRA adapter folder among ``sources`` when the config
     has no ``model.lora`` of its own (an adapter evaluated on its base model's config)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.lora import is_adapter_folder, load_adapter
+    from maskgrpo_ray.models.lora import is_adapter_folder, load_adapter
 
     folders = [Path(s) for s in sources if is_adapter_folder(Path(s))]
     if not folders or load_config(config, overrides).model.lora is not None:
@@ -116,11 +116,11 @@ def prepare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     weights. Raises ConfigError / ValueError / FileNotFoundError with the field and the fix."""
     from maskgrpo_ray.config import load_config
     from maskgrpo_ray.config.metrics import MetricSpec
-    from maskgrpo_ray.data import load_prompt_records
     from maskgrpo_ray.evaluation.runner import ModelSource, geneval_metadata
     from maskgrpo_ray.evaluation.weights import resolve_weights
-    from maskgrpo_ray.hub import resolve_config
-    from maskgrpo_ray.settings import check_diversity_spaces
+    from maskgrpo_ray.pipeline.settings import check_diversity_spaces
+    from maskgrpo_ray.prompts.loading import load_prompt_records
+    from maskgrpo_ray.weights.hub import resolve_config
 
     models = _labels(args.weights)
     run_dirs = [Path(s) for _, s in models if (Path(s) / "config.yaml").is_file()]

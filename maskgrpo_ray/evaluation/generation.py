@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from maskgrpo_ray.diversity import CEILING, FIGURES, expected_distinct_fraction
+from maskgrpo_ray.algo.diversity import CEILING, FIGURES, expected_distinct_fraction
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.models.registry import entry_for
-from maskgrpo_ray.settings import EvalSettings
-from maskgrpo_ray.step.phases import generate, score_rewards
-from maskgrpo_ray.types import RolloutBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch
+from maskgrpo_ray.pipeline.phases import generate, score_rewards
+from maskgrpo_ray.pipeline.settings import EvalSettings
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import ModelConfig
@@ -99,7 +99,7 @@ def unit_rewards(
 ) -> dict[str, torch.Tensor]:
     """The training reward on an evaluation unit: ``reward`` ``[N]`` and, where the reward
     defines one, ``accuracy`` ``[N]`` (NaN where scoring failed), and the diversity of each
-    prompt's samples (``maskgrpo_ray.diversity``: a unit's group is one prompt's samples)."""
+    prompt's samples (``maskgrpo_ray.algo.diversity``: a unit's group is one prompt's samples)."""
     result = score_rewards(reward, batch, prompt_meta)
     out = {"reward": result.rewards}
     if result.accuracy is not None:
@@ -113,7 +113,7 @@ def distinct_ceiling(
 ) -> torch.Tensor:
     """float ``[P * S]``, prompt-major: each prompt's ceiling of ``diversity/distinct``, the
     expected fraction of distinct images among its ``S`` samples when drawn uniformly from its
-    ``count(prompt)`` correct images (:func:`~maskgrpo_ray.diversity.expected_distinct_fraction`),
+    ``count(prompt)`` correct images (:func:`~maskgrpo_ray.algo.diversity.expected_distinct_fraction`),
     repeated over its samples (NaN where ``count`` is None or 0: no correct image, no
     ceiling)."""
     per_prompt = []

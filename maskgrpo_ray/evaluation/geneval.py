@@ -8,8 +8,8 @@ line) and scores every ``samples/<digits>.png``. Its generation script names the
 :func:`write_geneval_prompt` writes exactly that, so the official evaluator scores our images
 unchanged. Its summary reports per-tag accuracy and, as overall, the mean of the tag scores.
 
-The metadata schema is :mod:`maskgrpo_ray.geneval_schema`; the rule, exact (the evaluator's box
-selection and ``evaluate``: :func:`decide`), is :mod:`maskgrpo_ray.geneval_rule`
+The metadata schema is :mod:`maskgrpo_ray.prompts.geneval_schema`; the rule, exact (the evaluator's box
+selection and ``evaluate``: :func:`decide`), is :mod:`maskgrpo_ray.prompts.geneval_rule`
 (NumPy only, so the worlds import it without this module's torch); the toy world's scorer
 (:func:`score_toy`, the rule on its decoded pixels) is :mod:`maskgrpo_ray.worlds.toy.world`.
 All stay importable from here. The official evaluator stays the number to publish.
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.geneval_rule import (
+from maskgrpo_ray.prompts.geneval_rule import (
     COLORS,
     GenEvalRuleError,
     compute_iou,
@@ -34,7 +34,7 @@ from maskgrpo_ray.geneval_rule import (
     rule_options,
     select_boxes,
 )
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, check_metadata
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES, check_metadata
 from maskgrpo_ray.worlds.toy.world import score_toy, toy_decide, toy_detections
 
 __all__ = [

@@ -301,7 +301,7 @@ def build_report(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from maskgrpo_ray.metrics import reward_curve_figure
+    from maskgrpo_ray.runlog.run_log import reward_curve_figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = build_tables(evals, bootstrap_resamples, confidence, seed)

@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.algo.diversity import CEILING
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.data import LoadedPrompts, PromptRecord
-from maskgrpo_ray.diversity import CEILING
 from maskgrpo_ray.evaluation.generation import (
     EvalUnit,
     ceiling_counter,
@@ -34,9 +33,10 @@ from maskgrpo_ray.evaluation.generation import (
 from maskgrpo_ray.evaluation.geneval import check_geneval_folder, write_geneval_prompt
 from maskgrpo_ray.evaluation.types import EvalSample, ModelEval
 from maskgrpo_ray.evaluation.weights import BASE
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, check_metadata
-from maskgrpo_ray.settings import EvalSettings, settings_from_config
-from maskgrpo_ray.types import RolloutBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch
+from maskgrpo_ray.pipeline.settings import EvalSettings, settings_from_config
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES, check_metadata
+from maskgrpo_ray.prompts.loading import LoadedPrompts, PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class LocalGenerator:
     """One policy in this process."""
 
     def __init__(self, cfg: Config, settings: EvalSettings) -> None:
-        from maskgrpo_ray.build import build_policy
+        from maskgrpo_ray.pipeline.build import build_policy
 
         self.settings = settings
         self.policy = build_policy(cfg.model).eval()
@@ -112,7 +112,7 @@ class RayGenerator:
         import ray
 
         from maskgrpo_ray.actors.pool import rollout_pool
-        from maskgrpo_ray.backend.cluster import connect
+        from maskgrpo_ray.cluster.attach import connect
 
         self.timeout_s, self.actors = timeout_s, actors
         self.cluster = connect(cfg.run.ray_address, cfg.run.num_cpus, None)
@@ -151,7 +151,7 @@ class RayGenerator:
         )
 
     def shutdown(self) -> None:
-        from maskgrpo_ray.backend.cluster import disconnect
+        from maskgrpo_ray.cluster.attach import disconnect
 
         self.pool.shutdown()
         disconnect(self.cluster)
@@ -172,9 +172,9 @@ def scorers(
     toy world's, and the prompts carry GenEval metadata), the ceiling of
     ``diversity/distinct`` (when the kind counts a prompt's correct images) and every
     per-sample metric spec."""
-    from maskgrpo_ray.build import build_reward_from_settings
     from maskgrpo_ray.evaluation.metrics import build_sample_metric
     from maskgrpo_ray.models.registry import entry_for
+    from maskgrpo_ray.pipeline.build import build_reward_from_settings
 
     settings = settings_from_config(cfg)
     reward = build_reward_from_settings(settings.reward, device)
@@ -295,7 +295,7 @@ def set_metrics(me: ModelEval, out: Path, fids: dict[str, Any]) -> None:
 def publish(evals: Sequence[ModelEval]) -> dict[str, dict[str, float]]:
     """Per model, the mean of each per-sample metric over all prompts and per GenEval tag, and
     the set metrics; mirrored to ``maskgrpo_eval_metric`` (Ray dashboard) when Ray is up."""
-    from maskgrpo_ray.backend.metrics import process_metrics
+    from maskgrpo_ray.cluster.ray_metrics import process_metrics
 
     table: dict[str, dict[str, float]] = {}
     for me in evals:

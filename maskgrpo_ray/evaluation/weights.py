@@ -58,11 +58,11 @@ def export_final_policy(
     lora = cfg.model.lora
     if lora is None:
         return paths
-    from maskgrpo_ray.lora import merged_state, save_adapter
+    from maskgrpo_ray.models.lora import merged_state, save_adapter
 
     paths.append(save_adapter(run_dir / FINAL_ADAPTER, state, lora, base=cfg.model.kind))
     if lora.save_merged:
-        from maskgrpo_ray.build import build_policy
+        from maskgrpo_ray.pipeline.build import build_policy
 
         policy = build_policy(cfg.model)  # the base, on this machine's CPU
         policy.load_state_dict(dict(state), strict=False)
@@ -76,7 +76,7 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    from maskgrpo_ray.safe_files import deepspeed_globals, load_torch_file
+    from maskgrpo_ray.weights.safe_files import deepspeed_globals, load_torch_file
 
     # weights_only: a .pt a user passes never runs code (DeepSpeed's own classes allowed)
     state = load_torch_file(path, "weights", allow=deepspeed_globals())
@@ -114,7 +114,7 @@ def resolve_weights(
     a ``.safetensors``/``.pt`` file, a run directory (its final policy, else its newest valid
     checkpoint) or a checkpoint folder. Raises :class:`WeightsError` naming what was looked
     for and the fix."""
-    from maskgrpo_ray.checkpoint import run_store
+    from maskgrpo_ray.checkpoints.run_store import run_store
 
     if source == BASE:
         return None, "base model (the config's model section)"
@@ -126,7 +126,7 @@ def resolve_weights(
             f"--weights {source!r}: no such file or folder; pass 'base', a run directory, a "
             "checkpoint folder or a .safetensors/.pt file"
         )
-    from maskgrpo_ray.lora import is_adapter_folder, load_adapter
+    from maskgrpo_ray.models.lora import is_adapter_folder, load_adapter
 
     if is_adapter_folder(path):  # a peft adapter folder (ours: RUN_DIR/final_adapter)
         if cfg.model.lora is None:

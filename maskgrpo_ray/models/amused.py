@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.models.amused_loading import (
     AmusedParts,
     check_amused_folder,
@@ -42,6 +41,7 @@ from maskgrpo_ray.models.amused_loading import (
 )
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy
 from maskgrpo_ray.models.registry import ModelEntry, register_model
+from maskgrpo_ray.weights.hub_field import HubField
 
 if TYPE_CHECKING:
     from maskgrpo_ray.config import Config, ModelConfig

@@ -14,7 +14,7 @@ depends on the text alone (Show-o's text-prefix keys and values) across all unma
 
 A policy also carries its sampler's schedules: ``mask_schedule`` (how many positions stay masked
 after each unmasking step) and ``gumbel_anneal`` (the remasking noise's temperature per step),
-Show-o's by default; :func:`maskgrpo_ray.step.phases.generate` passes them to the sampler. A model
+Show-o's by default; :func:`maskgrpo_ray.pipeline.phases.generate` passes them to the sampler. A model
 with other schedules overrides them (``mask_schedule = staticmethod(my_schedule)``).
 """
 

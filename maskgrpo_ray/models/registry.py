@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import torch
 
     from maskgrpo_ray.config import Config, ModelConfig
-    from maskgrpo_ray.hub_field import HubField
     from maskgrpo_ray.models.base import MaskedImagePolicy
+    from maskgrpo_ray.weights.hub_field import HubField
 
 
 GenEvalScorer = Callable[["torch.Tensor", Sequence[Mapping[str, Any]]], dict[str, "torch.Tensor"]]
@@ -56,7 +56,7 @@ class ModelEntry:
         reward_defaults: ``(model_cfg, reward_kind) -> kwargs`` that a reward component of that
             kind gets unless its ``args`` set them (e.g. the toy rules reward's ``grid``).
         hub_fields: the fields of the ``model`` section that take a Hugging Face hub id
-            (``org/name[@revision]``) besides a local path; :func:`maskgrpo_ray.hub.resolve_config`
+            (``org/name[@revision]``) besides a local path; :func:`maskgrpo_ray.weights.hub.resolve_config`
             replaces those ids by local snapshot folders in the driver before any actor starts.
         geneval_rule: ``model_cfg -> scorer``, where ``scorer(images uint8 [N, H, W, 3],
             metadata of each image) -> {"geneval": float32 [N]}`` applies GenEval's rule to the
@@ -66,7 +66,7 @@ class ModelEntry:
             distinct correct images of a prompt of the kind's world (the toy's: every layout
             of the right dots), None where it is not known; evaluation then reports the
             ceiling of ``diversity/distinct`` beside it (``diversity/distinct_ceiling``:
-            :func:`maskgrpo_ray.diversity.expected_distinct_fraction`). None: no ceiling.
+            :func:`maskgrpo_ray.algo.diversity.expected_distinct_fraction`). None: no ceiling.
     """
 
     build: Callable[[ModelConfig, torch.device], MaskedImagePolicy]
@@ -86,7 +86,7 @@ _BUILTIN_MODELS = {
     "toy": "maskgrpo_ray.worlds.toy.model",
     "shapes": "maskgrpo_ray.worlds.shapes.model",
     "showo": "maskgrpo_ray.models.showo",
-    "sim": "maskgrpo_ray.models.sim",  # a simulated accelerator (cost_model profiles)
+    "sim": "maskgrpo_ray.worlds.toy.sim",  # a simulated accelerator (cost_model profiles)
 }
 """Built-in kinds -> the module that registers them when imported."""
 

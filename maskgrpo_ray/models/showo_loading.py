@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.models.magvit import MagvitConfig, MAGVITv2, lfq_codebook
 from maskgrpo_ray.models.showo_phi import PhiConfig, ShowoTransformer
 from maskgrpo_ray.models.showo_prompting import ShowoVocab
+from maskgrpo_ray.weights.hub_field import HubField
 
 BUILTIN_TOKENIZERS = ("builtin:hashing", "builtin:integer-ids")  # stand-ins (tiny test models)
 DEFAULT_MAGVIT = "showlab/magvitv2"
@@ -34,7 +34,7 @@ WEIGHT_FILES = ("pytorch_model.safetensors", "model.safetensors", "pytorch_model
 SHARD_INDEXES = ("pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 EXPORT_WEIGHTS = "pytorch_model.safetensors"
 _LIST_AT_MOST = 20
-HUB_FIELDS = (  # the fields that take a hub id (maskgrpo_ray.hub), the tokenizer's files only
+HUB_FIELDS = (  # the fields that take a hub id (maskgrpo_ray.weights.hub), the tokenizer's files only
     HubField("showo.showo_path"),
     HubField("showo.magvit_path"),
     HubField("showo.tokenizer_path", allow_patterns=("*.json", "*.txt", "*.model")),
@@ -180,7 +180,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of a model folder (see the module docstring for the file names)."""
     from safetensors.torch import load_file
 
-    from maskgrpo_ray.safe_files import load_torch_file
+    from maskgrpo_ray.weights.safe_files import load_torch_file
 
     file = weights_file(folder)
     if file.name.endswith(".bin"):

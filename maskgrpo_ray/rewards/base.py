@@ -22,7 +22,7 @@ import torch
 from maskgrpo_ray.errors import UserError, one_line
 
 if TYPE_CHECKING:
-    from maskgrpo_ray.hub_field import HubField
+    from maskgrpo_ray.weights.hub_field import HubField
 
 __all__ = [
     "CompositeReward",
@@ -152,7 +152,7 @@ class CompositeReward:
         ensemble: an ensemble term over some of the parts (their weights 0), or None.
         diversity_embedding: the part whose ``embed`` the diversity figures are measured in
             (``reward.diversity_embedding``); None: the heaviest part that has one
-            (:mod:`maskgrpo_ray.diversity`).
+            (:mod:`maskgrpo_ray.algo.diversity`).
         train_embedding: the part whose ``embed`` ``train.diversity``'s own figures
             (``diversity_train/*``) are measured in; None: it reads the reported ones.
         judge: a reward that is no part of the sum, whose ``accuracy`` is the composite's
@@ -276,13 +276,13 @@ def register_reward(
             (:func:`check_reward_files`): raises a ``UserError`` when the reward's files are
             not here, without building the model.
         hub_fields: the ``args`` that take a Hugging Face hub id; the driver replaces them by
-            local snapshot folders before any actor starts (:mod:`maskgrpo_ray.hub`).
+            local snapshot folders before any actor starts (:mod:`maskgrpo_ray.weights.hub`).
         embeds: the reward has ``embed(images) -> float [N, D]`` (a space the diversity
             figures ``diversity/pairwise`` and ``diversity/nn``, and ``train.diversity``, can
             be measured in; ``reward.diversity_embedding`` may name only such a component).
             A reward with ``layouts(images) -> list of N hashable keys`` (equal for the same
             detected layout) gives ``diversity/layouts``; that method is found on the built
-            reward, no flag declares it (:mod:`maskgrpo_ray.diversity`).
+            reward, no flag declares it (:mod:`maskgrpo_ray.algo.diversity`).
     """
 
     def decorate(factory: RewardFactory) -> RewardFactory:

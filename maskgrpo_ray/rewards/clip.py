@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import TENSOR_RESIZE_MODES, ImagePreprocess, pixels_from_uint8
+from maskgrpo_ray.weights.hub_field import HubField
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ class ClipReward(ModelReward):
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """The normalised CLIP image features of ``images`` uint8 [N, H, W, 3]: float [N, D] on
-        the CPU (the embedding ``maskgrpo_ray.diversity`` measures distances in)."""
+        the CPU (the embedding ``maskgrpo_ray.algo.diversity`` measures distances in)."""
         feats = []
         with torch.no_grad():
             for start in range(0, images.shape[0], self.batch_size):

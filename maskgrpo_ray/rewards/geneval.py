@@ -4,7 +4,7 @@
 evaluator (djghosh13/geneval ``evaluation/evaluate_images.py``) does: its detector
 (Mask2Former Swin-S for COCO instances, :mod:`maskgrpo_ray.rewards.geneval_detector`), its
 colour classifier (open_clip ViT-L-14/openai zero-shot, :mod:`maskgrpo_ray.rewards.geneval_colour`)
-and its rule, exact (:func:`maskgrpo_ray.geneval_rule.decide`). What is not exact:
+and its rule, exact (:func:`maskgrpo_ray.prompts.geneval_rule.decide`). What is not exact:
 the detector's weights are transformers' conversion of Mask2Former's own Swin-S release, not
 the mmdetection checkpoint the evaluator loads, and resizing and rounding differ in small ways
 (docs/evaluation.md). The official evaluator stays the number to publish; ``maskgrpo eval``
@@ -39,9 +39,8 @@ import numpy as np
 import torch
 
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.geneval_rule import decide
-from maskgrpo_ray.geneval_schema import GENEVAL_CLASSES, TAGS
-from maskgrpo_ray.hub_field import SCHEME, HubField
+from maskgrpo_ray.prompts.geneval_rule import decide
+from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES, TAGS
 from maskgrpo_ray.rewards.base import default_device, register_reward
 from maskgrpo_ray.rewards.geneval_colour import ColourClassifier, object_crop
 from maskgrpo_ray.rewards.geneval_detector import (
@@ -49,6 +48,7 @@ from maskgrpo_ray.rewards.geneval_detector import (
     Mask2FormerDetector,
     check_detector_folder,
 )
+from maskgrpo_ray.weights.hub_field import SCHEME, HubField
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class GenEvalScorer:
 
     Args:
         detector: a local transformers Mask2Former folder (config.json + model.safetensors);
-            ``hf://`` ids are resolved by the driver before (:mod:`maskgrpo_ray.hub`).
+            ``hf://`` ids are resolved by the driver before (:mod:`maskgrpo_ray.weights.hub`).
         colour_model, colour_pretrained: the open_clip colour classifier (``ViT-L-14`` /
             ``openai``: the evaluator's), as the CLIP reward's ``model_name``/``pretrained``.
         device: where both models run (None: CUDA if present, else CPU).

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.hub_field import HubField
 from maskgrpo_ray.rewards import weights
 from maskgrpo_ray.rewards._imagereward_compat import import_imagereward, installed_spec
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.preprocess import ImagePreprocess, pixels_from_uint8
+from maskgrpo_ray.weights.hub_field import HubField
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class ImageRewardReward(ModelReward):
                 return ir.ImageReward(med_config=config_path, device="cpu")
 
     def _load(self, path: str) -> None:
-        from maskgrpo_ray.safe_files import load_torch_file
+        from maskgrpo_ray.weights.safe_files import load_torch_file
 
         state = load_torch_file(path, "ImageReward weights")
         result = self.model.load_state_dict(state, strict=False)

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.hub_field import SCHEME, HubField
 from maskgrpo_ray.rewards.base import ModelReward, register_reward
 from maskgrpo_ray.rewards.weights import missing
+from maskgrpo_ray.weights.hub_field import SCHEME, HubField
 
 DEFAULT_MODEL = "hf://yuvalkirstain/PickScore_v1"
 DEFAULT_PROCESSOR = "hf://laion/CLIP-ViT-H-14-laion2B-s32B-b79K"

@@ -11,7 +11,7 @@ Detection (:func:`detect`), exact for the world's renders and strict for anythin
    is a malformed object (``class "malformed"``): a blob of the right colour is not a square,
    half a circle is not a circle, a stray piece is no object.
 
-GenEval's rule, the official evaluator's (:func:`maskgrpo_ray.geneval_rule.decide`:
+GenEval's rule, the official evaluator's (:func:`maskgrpo_ray.prompts.geneval_rule.decide`:
 its thresholds, score order, ``evaluate``), then judges the objects' pixel boxes against a
 prompt's metadata (:func:`rule_detections`: the score is the object's mask match, the colour its
 palette colour): the includes hold (counts, colours of the ``count`` most confident, relations
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from maskgrpo_ray.geneval_rule import decide, relative_position
+from maskgrpo_ray.prompts.geneval_rule import decide, relative_position
 from maskgrpo_ray.worlds.shapes.scenes import (
     CLASSES,
     COLOUR_NAMES,
@@ -152,7 +152,7 @@ def rule_detections(dets: Sequence[Detection]) -> dict[str, list[tuple[Any, ...]
 def clause_credit(boxes: Mapping[str, list[tuple[Any, ...]]], meta: Mapping[str, Any]) -> float:
     """Partial credit in [0, 1]: the share of the metadata's clauses (includes and excludes)
     that hold, each include judged alone on all detections of its class (and colour), a relation
-    (GenEval's, :func:`~maskgrpo_ray.geneval_rule.relative_position`) against every
+    (GenEval's, :func:`~maskgrpo_ray.prompts.geneval_rule.relative_position`) against every
     object of its target's class and colour. The project's shaping signal, not GenEval's."""
     clauses = list(meta["include"]) + list(meta.get("exclude", []))
 

@@ -79,7 +79,7 @@ def load_or_fit_codebook(world: WorldSpec) -> torch.Tensor:
     """The world's codebook uint8 ``[V, p, p, 3]``, cached by the world's spec."""
     path = cache_dir() / f"shapes-codebook-{world.key()}.pt"
     if path.exists():
-        from maskgrpo_ray.safe_files import load_torch_file
+        from maskgrpo_ray.weights.safe_files import load_torch_file
 
         return load_torch_file(path, "the cached shapes codebook")["codebook"]
     log.warning("no cached shapes codebook at %s: learning it from the renders now (once)", path)
@@ -162,7 +162,7 @@ def load_or_pretrain(spec: PolicySpec) -> ShapesPolicy:
     path = cache_dir() / f"shapes-base-{spec.cache_key()}.pt"
     model = ShapesPolicy(spec, codebook)
     if path.exists():
-        from maskgrpo_ray.safe_files import load_torch_file
+        from maskgrpo_ray.weights.safe_files import load_torch_file
 
         model.load_state_dict(load_torch_file(path, "the cached shapes base model"))
         return model.eval()

@@ -261,7 +261,7 @@ def train_reward_model(spec: RewardModelSpec) -> ShapesClip:
 
 def load_or_train(spec: RewardModelSpec) -> ShapesClip:
     """The trained reward model, cached by its spec."""
-    from maskgrpo_ray.safe_files import load_torch_file
+    from maskgrpo_ray.weights.safe_files import load_torch_file
     from maskgrpo_ray.worlds.shapes.pretrain import _atomic_save
     from maskgrpo_ray.worlds.toy.model import cache_dir
 

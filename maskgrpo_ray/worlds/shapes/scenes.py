@@ -7,8 +7,8 @@ pixel inside its box, so that a box's corner, edge and inner tokens are differen
 tokenizer sees where an object ends) and two objects never touch. Boxes never overlap.
 
 Prompts follow GenEval's templates for its six tags (Ghosh et al., 2023), with shapes as the
-object classes; each prompt carries its GenEval metadata line (:mod:`maskgrpo_ray.geneval_schema`)
-and GenEval's rule (the official evaluator's, :mod:`maskgrpo_ray.geneval_rule`) judges
+object classes; each prompt carries its GenEval metadata line (:mod:`maskgrpo_ray.prompts.geneval_schema`)
+and GenEval's rule (the official evaluator's, :mod:`maskgrpo_ray.prompts.geneval_rule`) judges
 a scene's detected objects against it:
 
 ============== ================================ =======================================
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from maskgrpo_ray.geneval_rule import decide
-from maskgrpo_ray.geneval_schema import RELATIONS, TAGS
+from maskgrpo_ray.prompts.geneval_rule import decide
+from maskgrpo_ray.prompts.geneval_schema import RELATIONS, TAGS
 
 CLASSES = ("circle", "square", "triangle", "diamond")
 PLURAL = {c: c + "s" for c in CLASSES}
@@ -280,7 +280,7 @@ def box_colours(classname: str, boxes: list[tuple[Any, ...]]) -> list[str]:
 
 
 def is_correct(prompt: Prompt, objs: Sequence[Obj], patch_px: int) -> bool:
-    """GenEval's rule (:func:`~maskgrpo_ray.geneval_rule.decide`, the official
+    """GenEval's rule (:func:`~maskgrpo_ray.prompts.geneval_rule.decide`, the official
     evaluator's) on a drawn scene at ``patch_px``: what the judge decides on its render."""
     return decide(scene_detections(objs, patch_px), prompt.metadata(), box_colours)[0]
 

@@ -213,7 +213,7 @@ def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
     path = cache_dir() / f"toy-base-{spec.cache_key()}.pt"
     model = ToyPolicy(spec)
     if path.exists():
-        from maskgrpo_ray.safe_files import load_torch_file
+        from maskgrpo_ray.weights.safe_files import load_torch_file
 
         model.load_state_dict(load_torch_file(path, "the cached toy base model"))
         return model.eval()

@@ -83,7 +83,7 @@ class ToyRuleReward:
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """What this reward sees of an image: its palette cells, one-hot, float ``[N, L * C]``
-        (``1 - cos`` of two images is the share of cells that differ; ``maskgrpo_ray.diversity``)."""
+        (``1 - cos`` of two images is the share of cells that differ; ``maskgrpo_ray.algo.diversity``)."""
         return cell_features(images, self.grid)
 
     def layouts(self, images: torch.Tensor) -> list[tuple[int, ...]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.geneval_rule import decide, select_boxes
+from maskgrpo_ray.prompts.geneval_rule import decide, select_boxes
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -175,13 +175,13 @@ def pixels_to_cells(images: torch.Tensor, grid: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- GenEval's rule
-# on toy images, the official evaluator's (maskgrpo_ray.geneval_rule.decide) on exact
+# on toy images, the official evaluator's (maskgrpo_ray.prompts.geneval_rule.decide) on exact
 # detections, plus the toy's own ``region`` key.
 
 
 def toy_detections(cells: torch.Tensor, cell_px: int) -> dict[str, list[tuple[Any, ...]]]:
     """The dots of one toy image ``long [g, g]`` (palette cells) as raw detections for
-    :func:`~maskgrpo_ray.geneval_rule.decide`: class ``"dot"`` -> boxes
+    :func:`~maskgrpo_ray.prompts.geneval_rule.decide`: class ``"dot"`` -> boxes
     ``(x0, y0, x1, y1, score, colour, regions)``, one per lit cell in row-major order.
 
     The box is the cell's square in pixels (``x1 = x0 + cell_px``). Detection is exact, so every

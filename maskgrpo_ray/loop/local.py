@@ -1,0 +1,193 @@
+"""The single-process executor: every phase in this process. The baseline the distributed
+system is measured against, and the engine of the tests and ablations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maskgrpo_ray.algo.filtering import StdHistoryFilter
+from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.generation import evaluate_rewards, generate_unit, grid_unit
+from maskgrpo_ray.loop.collect import Chunk, chunk_prompts_of
+from maskgrpo_ray.loop.snapshot import host_copy
+from maskgrpo_ray.loop.step_signal_probe import StepSignal, measure
+from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
+from maskgrpo_ray.pipeline.build import attach_judge
+from maskgrpo_ray.pipeline.data_plane import Traffic
+from maskgrpo_ray.pipeline.learner_core import (
+    TorchOptimizing,
+    UpdatePlanner,
+    apply_activation_checkpointing,
+    apply_update,
+    build_optimizer,
+    reference_policy,
+)
+from maskgrpo_ray.pipeline.messages import ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.pipeline.settings import settings_from_config
+from maskgrpo_ray.weights.safe_files import load_torch_file
+
+
+class LocalExecutor:
+    """Generate, score, filter and update in one process.
+
+    Rollouts are cut into the chunks a Ray run with the same config would send to its rollout
+    actors, each generated with its chunk's seed, so a run here is the reference of the
+    distributed one (lag 0 and lag 1 alike)."""
+
+    runs_ahead = False  # a submission ahead runs at once, before the update
+
+    def __init__(
+        self, cfg: Config, policy: MaskedImagePolicy, reward: Any, filt: StdHistoryFilter | None
+    ) -> None:
+        self.settings = settings_from_config(cfg)
+        self.policy, self.reward, self.filt = policy, reward, filt
+        ckpt = self.settings.learner.activation_checkpointing
+        apply_activation_checkpointing(policy, ckpt, cfg.model.kind)
+        up = self.settings.update
+        self.optimizer = build_optimizer(up, policy)
+        self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
+        self.planner = UpdatePlanner(up)
+        self.ref_policy = reference_policy(up, policy)
+        ro = cfg.rollout
+        self.chunk_prompts = chunk_prompts_of(
+            ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
+        )
+        self.policy_version = 0
+        self.prompt_meta: dict[str, Any] | None = None
+        self._eval_reward: Any = None
+
+    def set_prompt_metadata(self, table: dict[str, Any]) -> None:
+        """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
+        self.prompt_meta = table
+
+    def check_prompts(self, prompts: list[str]) -> list[str | None]:
+        """Per prompt, None or why the policy cannot read it."""
+        return prompt_problems(self.policy, prompts)
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        """Nothing to control live in one process."""
+
+    def generate_and_score(self, chunks: list[Chunk], traffic: Traffic) -> ScoredBatch:
+        """The chunks' groups, each chunk generated with its own seed and scored, in order."""
+        parts = []
+        for ch in chunks:
+            rb = generate(
+                self.policy,
+                ch.prompts,
+                ch.positions,
+                policy_version=self.policy_version,
+                generator=torch.Generator().manual_seed(ch.seed),
+                **self.settings.rollout.kwargs(),
+            )
+            parts.append(score(self.reward, rb, self.prompt_meta))
+        return ScoredBatch.concat(parts)
+
+    def filter(self, scored: ScoredBatch, traffic: Traffic) -> FilterResult:
+        return filter_groups(scored, self.filt)
+
+    def probe_rollouts(self, chunks: list[Chunk]) -> list[ScoredBatch]:
+        """The step-signal probe's batches: each chunk generated with its seed and scored (the
+        global RNG state kept: the run's own draws are the same with the probe or without)."""
+        with torch.random.fork_rng(devices=[]):
+            return [self.generate_and_score([ch], Traffic()) for ch in chunks]
+
+    def step_signal(
+        self, real: list[TrainBatch], shuffled: list[TrainBatch]
+    ) -> tuple[StepSignal, list[int] | None]:
+        """The measurement on this process's policy (``step_signal.measure``: its gradients,
+        mode and RNG state restored), and the ``auto`` selection it leaves in force."""
+        signal = measure(self.policy, real, shuffled, self.settings.update)
+        return signal, self.planner.observe(signal)
+
+    def filter_state(self) -> dict[str, Any] | None:
+        return None if self.filt is None else self.filt.state_dict()
+
+    def load_filter_state(self, state: dict[str, Any] | None) -> None:
+        self.filt = None if state is None else StdHistoryFilter.from_state_dict(state)
+
+    def restart_learner(self, lost: Exception, *, from_rollouts: bool = False) -> None:
+        """The learner is this process: it cannot be lost on its own."""
+        raise RuntimeError(f"the local backend has no separate learner to restart ({lost})")
+
+    def filter_stats(self) -> dict[str, float]:
+        return self.filt.stats() if self.filt is not None else {}
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """The learner's update (``learner_core.apply_update``) run in this process."""
+        plan = self.planner.plan(self.policy_version, batch.num_samples, batch.group_size)
+        m = apply_update(
+            self.optimizing, batch, plan, self.settings.update, ref_policy=self.ref_policy
+        )
+        self.policy_version += 1
+        return m
+
+    def sync_weights(self) -> float:
+        return 0.0  # the rollout uses the learner's weights directly
+
+    def evaluate(
+        self, prompts: list[str], tags: list[str | None] | None = None
+    ) -> dict[str, float]:
+        if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
+            device = next(self.policy.parameters()).device
+            self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
+        return evaluate_rewards(
+            self.policy, self._eval_reward, prompts, self.settings.eval, tags, self.prompt_meta
+        )
+
+    def eval_images(self, prompts: list[str]) -> torch.Tensor:
+        """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``)."""
+        unit, settings = grid_unit(prompts, self.settings.eval)
+        return generate_unit(self.policy, unit, settings).images
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        return {
+            n: p.detach().cpu().clone()
+            for n, p in self.policy.named_parameters()
+            if p.requires_grad
+        }
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {}
+
+    def save(self, folder: Path) -> None:
+        """Weights, optimizer, RNG streams and policy version into ``folder`` (the group source
+        saves the filter's history): :meth:`snapshot`, written now."""
+        self.snapshot()(folder)
+
+    def snapshot(self) -> Callable[[Path], None]:
+        """What :meth:`save` writes, copied to host memory now (``snapshot.host_copy``); the
+        returned call writes it to a folder (on any thread)."""
+        state = host_copy(
+            {
+                "policy.pt": self.policy.state_dict(),
+                "optimizer.pt": self.optimizer.state_dict(),
+                "executor.pt": {
+                    "step_generator": self.planner.state(),
+                    "torch": torch.get_rng_state(),
+                    "policy_version": self.policy_version,
+                },
+            }
+        )
+
+        def write(folder: Path) -> None:
+            for name, part in state.items():
+                torch.save(part, folder / name)
+
+        return write
+
+    def load(self, folder: Path) -> None:
+        self.policy.load_state_dict(load_torch_file(folder / "policy.pt", "a checkpoint's policy"))
+        optimizer = load_torch_file(folder / "optimizer.pt", "a checkpoint's optimizer state")
+        self.optimizer.load_state_dict(optimizer)
+        state = load_torch_file(folder / "executor.pt", "a checkpoint's executor state")
+        self.planner.load_state(state["step_generator"])
+        torch.set_rng_state(state["torch"])
+        self.policy_version = int(state["policy_version"])
+
+    def shutdown(self) -> None:
+        pass

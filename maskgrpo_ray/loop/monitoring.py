@@ -1,0 +1,117 @@
+"""The driver's monitors phase (``logging.monitors``; docs/monitors.md): the fixed probe set
+judged before a step's update, the rules over the run's rows after it, one log line per alarm
+that trips (``monitors.png``: ``RunLog.plot_reward_curve``, with the rules in
+``RunLog.monitor_rules``).
+
+The figures are functions of the rows ``metrics.jsonl`` holds (:mod:`maskgrpo_ray.runlog.monitors`),
+so a resumed run, which keeps the rows before its checkpoint, computes what the run it continues
+would have: no state of their own to checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from maskgrpo_ray.config import Config
+from maskgrpo_ray.loop.executor import Executor
+from maskgrpo_ray.runlog.monitors import MonitorRules, monitor_figures, newly_tripped
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Monitor", "probe_set"]
+
+
+def probe_set(
+    prompts: Sequence[str], tags: Sequence[str | None] | None, n: int
+) -> tuple[list[str], list[str | None] | None]:
+    """The fixed probe set: ``n`` held-out prompts, the first of each GenEval tag in turn (tags
+    in order of first appearance), then the next of each, ...; without tags the first ``n``."""
+    if tags is None or all(t is None for t in tags):
+        return list(prompts[:n]), None
+    order: dict[str | None, list[int]] = {}
+    for i, t in enumerate(tags):
+        order.setdefault(t, []).append(i)
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < min(n, len(prompts)):
+        for idx in order.values():
+            if depth < len(idx) and len(picked) < n:
+                picked.append(idx[depth])
+        depth += 1
+    return [prompts[i] for i in picked], [tags[i] for i in picked]
+
+
+class Monitor:
+    """The monitors of one run: its probe set, its rules, the alarms it has logged."""
+
+    def __init__(self, cfg: Config, ex: Executor, eval_prompts: Any) -> None:
+        """``eval_prompts``: the run's held-out prompts, a list or a ``driver.EvalSet`` (its
+        ``prompts`` and their ``tags``)."""
+        m = cfg.logging.monitors
+        prompts = getattr(eval_prompts, "prompts", eval_prompts)
+        tags = getattr(eval_prompts, "tags", None)
+        self.ex = ex
+        self.rules = MonitorRules(
+            window_steps=m.window_steps,
+            probe_window=m.probe_window,
+            reward_rise=m.reward_rise,
+            judge_rise=m.judge_rise,
+            persist_steps=m.persist_steps,
+            baseline_steps=m.baseline_steps,
+            entropy_drift_bits=m.entropy_drift_bits,
+            share_drift=m.share_drift,
+        )
+        self.every = m.probe_every_steps if m.probe_prompts else 0
+        self.prompts, self.tags = probe_set(prompts, tags, m.probe_prompts)
+
+    def probe(self, step: int) -> dict[str, float]:
+        """At a probe step (``step % probe_every_steps == 0``, before its update: step 0 is the
+        base model): ``probe/reward`` and, where the reward defines one, ``probe/judge`` (its
+        accuracy) of the fixed probe set under the evaluation's sampler and seeds."""
+        if not self.every or step % self.every or not self.prompts:
+            return {}
+        t0 = time.perf_counter()
+        out = self.ex.evaluate(list(self.prompts), None if self.tags is None else list(self.tags))
+        row = {"probe/reward": out.get("eval_reward", math.nan)}
+        if "eval_accuracy" in out:
+            row["probe/judge"] = out["eval_accuracy"]
+        row["time/monitor_probe"] = time.perf_counter() - t0
+        return row
+
+    def observe(self, rows: Sequence[Mapping[str, Any]], row: dict[str, Any]) -> dict[str, float]:
+        """The rules' figures for ``row`` after the run's earlier ``rows``; a WARNING line for
+        each alarm that trips here for the first time in the run."""
+        t0 = time.perf_counter()
+        history = sorted((r for r in rows if r.get("step", -1) < row["step"]), key=_step)
+        figs = monitor_figures(history, row, self.rules)
+        for name in newly_tripped(history, figs):
+            log.warning(
+                "monitor alarm %r tripped at step %d: %s", name, row["step"], _why(name, figs)
+            )
+        figs["time/monitors"] = time.perf_counter() - t0
+        return figs
+
+
+def _step(r: Mapping[str, Any]) -> int:
+    return int(r["step"])
+
+
+def _why(name: str, figs: Mapping[str, float]) -> str:
+    """The figures behind an alarm, for its log line (docs/monitors.md has the rules)."""
+    if name == "drift":
+        parts = [
+            f"{k.removeprefix('monitor/drift/')} {v:+.3f}"
+            for k, v in figs.items()
+            if k.startswith("monitor/drift/")
+        ]
+        return "image statistics moved from the first steps' values: " + ", ".join(parts)
+    prefix = "monitor/probe_" if name == "probe_hacking" else "monitor/"
+    r, j = figs.get(prefix + "reward_trend", math.nan), figs.get(prefix + "judge_trend", math.nan)
+    return (
+        f"the reward rose {r:+.2f} reward std over the window while the judge moved {j:+.3f} "
+        "(reward hacking: the reward is paid for something the judge does not see)"
+    )

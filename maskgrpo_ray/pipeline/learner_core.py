@@ -1,0 +1,442 @@
+"""The one update code path: planning an update and applying it.
+
+The single-process trainer (``loop/local.py``) and every DeepSpeed rank (``learner/worker.py``) run
+:func:`apply_update`; they differ only in the :class:`Optimizing` backend (plain torch, or a
+DeepSpeed engine that averages gradients across ranks). What is trained in an update (the
+unmasking steps and the learning rate) is decided once by an :class:`UpdatePlanner`, in the
+single-process trainer or in the learner group's driver-side front, and is the same on every
+rank. Each pass's gradients come from ``learner_loss.accumulate_gradients``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+
+from maskgrpo_ray.algo.grpo import (
+    PER_GROUP_SELECTIONS,
+    critical_steps,
+    select_group_steps,
+    select_train_steps,
+)
+from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
+from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.pipeline.learner_loss import (
+    Anchor,
+    accumulate_gradients,
+    pad_loss,
+    shrunk_old_log_probs,
+)
+from maskgrpo_ray.pipeline.messages import TrainBatch
+from maskgrpo_ray.pipeline.settings import UpdateSettings
+
+log = logging.getLogger(__name__)
+
+
+def learning_rate_at(s: UpdateSettings, update: int) -> float:
+    """Learning rate of the ``update``-th optimizer update (0-based): linear warm-up, then flat."""
+    if s.warmup_updates and update < s.warmup_updates:
+        return s.learning_rate * (update + 1) / s.warmup_updates
+    return s.learning_rate
+
+
+def build_optimizer(s: UpdateSettings, policy: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW; 1-D parameters and biases get no weight decay (as the official release).
+
+    ``foreach=True``: the multi-tensor implementation (torch's default on CUDA) on every device;
+    on the CPU it gives the same values as the per-tensor loop, bit for bit, in under half the
+    time (3.2 vs 8.9 ms a step for 0.74 M parameters on one core; eight CPU ranks sharing two
+    cores spent about 40 ms a step in it)."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for p in policy.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 else decay).append(p)
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": s.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=s.learning_rate,
+        betas=s.adam_betas,
+        foreach=True,
+    )
+
+
+def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImagePolicy | None:
+    """A frozen copy of the base policy for the KL term, or None when ``kl_coef`` is 0. A LoRA
+    policy's reference is itself with the adapter disabled (no second copy of the weights)."""
+    if s.kl_coef <= 0 and s.anchor_coef <= 0:
+        return None
+    from maskgrpo_ray.models.lora import AdapterDisabled, has_adapter
+
+    if has_adapter(policy):
+        return AdapterDisabled(policy)  # type: ignore[return-value]
+    return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def apply_activation_checkpointing(policy: MaskedImagePolicy, enabled: bool, kind: str) -> None:
+    """``learner.activation_checkpointing`` on the policy a learner trains; a model kind without
+    it runs without, and a WARNING says so."""
+    if enabled and not policy.set_activation_checkpointing(True):
+        log.warning(
+            "learner.activation_checkpointing=true: model kind %r has no activation "
+            "checkpointing; training keeps all activations",
+            kind,
+        )
+
+
+class LearnerLost(RuntimeError):
+    """A learner rank died (its process or node is gone) or a learner call outlived its
+    deadline (hung). The learner's state is lost: the group must be rebuilt from a checkpoint.
+
+    Attributes:
+        rank: the rank found dead or hung first.
+        why: ``"died"`` or ``"hung"``.
+        during: the learner call that found it (``update``, ``save``, ``weight sync``, ...).
+    """
+
+    def __init__(self, rank: int, why: str, during: str, cause: BaseException | None = None):
+        super().__init__(f"learner rank {rank} {why} during {during}: {cause}")
+        self.rank, self.why, self.during = rank, why, during
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What one update trains: the same on every rank (a rank gets its rows of
+    ``sample_units``, :meth:`rows`)."""
+
+    train_steps: torch.Tensor  # [K] long, units trained: unmasking steps, or mask draws
+    learning_rate: float
+    cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
+    # [N, K] long: per-sample units (group_random: a group's rows alike); None: train_steps
+    sample_units: torch.Tensor | None = None
+    # k > 0: each sample's k critical steps, read from the batch's record on the rank that
+    # trains it (:meth:`resolved`)
+    critical: int = 0
+
+    @property
+    def units_per_pass(self) -> int:
+        """Units each optimizer update (pass over the batch) trains, per sample."""
+        if self.critical:
+            return self.critical
+        if self.sample_units is not None:
+            return int(self.sample_units.shape[1])
+        return 1 if self.cycle else len(self.train_steps)
+
+    def units_for_pass(self, i: int) -> torch.Tensor:
+        """The units inner update ``i`` trains: all of them, or one in turn (``cycle``);
+        ``[N, K]`` when they differ by sample."""
+        if self.sample_units is not None:
+            return self.sample_units
+        if not self.cycle:
+            return self.train_steps
+        k = i % len(self.train_steps)
+        return self.train_steps[k : k + 1]
+
+    def resolved(self, batch: TrainBatch) -> UpdatePlan:
+        """The plan with its per-sample critical steps read from ``batch`` (this rank's
+        samples' ``step_agreement``; ``algo.grpo.critical_steps``); other plans as they are."""
+        if not self.critical:
+            return self
+        if batch.step_agreement is None:
+            raise ValueError(
+                "unmasking_step_selection critical needs the rollout's step_agreement; the "
+                "rollout did not record it (RolloutSettings.step_agreement)"
+            )
+        units = critical_steps(batch.step_agreement, self.critical)  # [N, K]
+        return replace(self, sample_units=units, critical=0)
+
+    def rows(self, start: int, stop: int) -> UpdatePlan:
+        """The plan of samples ``start .. stop - 1`` (a learner rank's share of the batch)."""
+        if self.sample_units is None:
+            return self
+        return replace(self, sample_units=self.sample_units[start:stop])
+
+
+class UpdatePlanner:
+    """Plans updates: the learning-rate schedule, the step-selection stream (seed + 1) and the
+    ``auto`` selection (the steps the last step-signal probe measured above its floor)."""
+
+    def __init__(self, s: UpdateSettings) -> None:
+        self.settings = s
+        self.generator = torch.Generator().manual_seed(s.seed + 1)
+        self.auto_steps: list[int] | None = None  # auto: the selection in force
+        self._warned = False
+
+    def observe(self, signal: Any) -> list[int] | None:
+        """``auto``: the selection after a probe (``signal``: ``cos``, ``cos_se``, ``floor``,
+        ``floor_se`` per step): the steps above the floor by ``auto_margin`` standard errors,
+        at most ``steps_trained``. None of them above it: the selection of the last probe that
+        found some stays (the evidence it had is not undone by a noisier look); at the first
+        probe, the ``steps_trained`` steps standing highest above their floor, with a WARNING.
+        The selection in force (None when the selection is not ``auto``)."""
+        s = self.settings
+        if s.step_selection != "auto":
+            return None
+        c, cs, f, fs = signal.cos, signal.cos_se, signal.floor, signal.floor_se
+        chosen = select_by_signal(c, cs, f, fs, s.steps_trained, s.auto_margin)
+        if chosen:
+            self.auto_steps = chosen
+        elif self.auto_steps is None:
+            self.auto_steps = top_by_excess(c, f, s.steps_trained)
+            log.warning(
+                "unmasking_step_selection auto: no step stands %.1f standard errors above the "
+                "shuffled floor at the first probe; training the %d standing highest (%s) until "
+                "a probe finds some",
+                s.auto_margin,
+                s.steps_trained,
+                self.auto_steps,
+            )
+        return list(self.auto_steps)
+
+    def _auto(self) -> torch.Tensor:
+        """The steps ``auto`` trains: the last probe's selection; before any (a checkpoint
+        written before the selection was ``auto``), every step, with a WARNING once."""
+        if self.auto_steps is not None:
+            return torch.tensor(self.auto_steps, dtype=torch.long)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "unmasking_step_selection auto has no measurement yet: training every "
+                "unmasking step until the next step-signal probe"
+            )
+        return torch.arange(self.settings.num_steps)
+
+    def plan(self, update: int, num_samples: int = 0, group_size: int = 1) -> UpdatePlan:
+        """The plan of the ``update``-th update (0-based) of a batch of ``num_samples``
+        samples in groups of ``group_size`` (needed by per-group selections only)."""
+        s = self.settings
+        lr = learning_rate_at(s, update)
+        if s.step_selection in PER_GROUP_SELECTIONS:
+            if num_samples % group_size:
+                raise ValueError(f"{num_samples} samples do not split into groups of {group_size}")
+            per_group = select_group_steps(
+                s.num_steps, s.steps_trained, num_samples // group_size, self.generator
+            )  # [B, K]
+            units = per_group.repeat_interleave(group_size, dim=0)  # [N, K]
+            return UpdatePlan(torch.arange(0), lr, s.cycle_units, units)
+        if s.step_selection == "auto":
+            return UpdatePlan(self._auto(), lr, s.cycle_units)
+        if s.step_selection == "critical":  # per sample, from each rank's own record
+            return UpdatePlan(torch.arange(0), lr, critical=s.steps_trained)
+        steps = select_train_steps(
+            s.num_steps,
+            s.step_selection,
+            s.steps_trained,
+            self.generator,
+            update=update,
+            window_shift=s.window_shift,
+        )
+        return UpdatePlan(steps, lr, s.cycle_units)
+
+    def state(self) -> torch.Tensor | dict[str, Any]:
+        """The selection stream's state; with an ``auto`` selection in force, with it."""
+        if self.auto_steps is None:
+            return self.generator.get_state()
+        return {"generator": self.generator.get_state(), "auto_steps": list(self.auto_steps)}
+
+    def load_state(self, state: torch.Tensor | dict[str, Any]) -> None:
+        if isinstance(state, dict):
+            self.auto_steps = [int(t) for t in state["auto_steps"]]
+            self.generator.set_state(state["generator"])
+        else:
+            self.generator.set_state(state)
+
+
+class Optimizing(Protocol):
+    """What differs between the single process and a DeepSpeed rank."""
+
+    module: MaskedImagePolicy
+
+    def set_learning_rate(self, lr: float) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def pad_backward(self, replay: Callable[[], torch.Tensor | None]) -> None:
+        """A zero-loss backward (ranks with fewer micro-batches keep collectives in step);
+        ``replay()`` gives a zero loss with a real micro-batch's graph (None: empty batch)."""
+
+    def step(self) -> float | None:
+        """Clip (``grad_clip_norm``), take the optimizer step; the pre-clip gradient norm."""
+
+
+class TorchOptimizing:
+    """The single-process backend: ``loss.backward()`` and a torch optimizer."""
+
+    def __init__(
+        self, module: MaskedImagePolicy, optimizer: torch.optim.Optimizer, grad_clip_norm: float
+    ) -> None:
+        self.module, self.optimizer, self.grad_clip_norm = module, optimizer, grad_clip_norm
+
+    def set_learning_rate(self, lr: float) -> None:
+        set_learning_rate(self.optimizer, lr)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def pad_backward(self, replay: Callable[[], torch.Tensor | None]) -> None:
+        pass  # one process: nothing to keep in step
+
+    def step(self) -> float | None:
+        params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
+        norm = grad_norm_and_clip(params, self.grad_clip_norm)
+        self.optimizer.step()
+        return norm
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The one place an update's learning rate is set (both backends call it)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def grad_norm_and_clip(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """The total gradient norm before clipping; clips to ``max_norm`` when it is positive."""
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+
+def apply_update(
+    opt: Optimizing,
+    batch: TrainBatch,
+    plan: UpdatePlan,
+    s: UpdateSettings,
+    *,
+    ref_policy: MaskedImagePolicy | None = None,
+    normalizer: float | None = None,
+    num_backward: int = 0,
+) -> dict[str, Any]:
+    """``updates_per_batch`` optimizer steps on ``batch`` (the clipped GRPO objective).
+
+    Args:
+        opt: the backend (plain torch, or one DeepSpeed rank).
+        batch: this process's groups (a rank's shard).
+        plan: the update's trained unmasking steps and learning rate (same on every rank).
+        s: the update settings.
+        ref_policy: the frozen reference for the KL term (None: no KL).
+        normalizer: pairs of the whole update per rank (``M / W``); None: this batch's pairs.
+        num_backward: backward calls per optimizer step on every rank; this process pads
+            with zero-loss backwards up to it (0: no padding).
+
+    Returns:
+        The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
+        ``abs_log_ratio_*`` spread and ``first_ratio_abs_dev_max`` (the behaviour policy against
+        the learner before this batch's updates) and ``learning_rate``.
+    """
+    opt.set_learning_rate(plan.learning_rate)
+    opt.module.train()
+    plan = plan.resolved(batch)
+    if s.shrinkage > 1 and batch.estimator == "trajectory":
+        batch = shrunk_old_log_probs(
+            opt.module,
+            batch,
+            _distinct([plan.units_for_pass(i) for i in range(s.updates_per_batch)]),
+            micro_batch=s.micro_batch_pairs,
+            shrinkage=s.shrinkage,
+            autocast=s.autocast,
+        )
+    metrics: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    for i in range(s.updates_per_batch):
+        metrics = _optimizer_step(
+            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward
+        )
+        if i == 0:
+            first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
+    opt.module.eval()
+    return {**metrics, **first, "learning_rate": plan.learning_rate}
+
+
+# the metrics apply_update reports from its first pass: against the rollout's log-probs
+FIRST_PASS = ("abs_log_ratio", "first_ratio_abs_dev_max")
+
+
+def _distinct(unit_sets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The passes' unit sets without repeats (in order)."""
+    out: list[torch.Tensor] = []
+    for u in unit_sets:
+        if not any(u.shape == v.shape and torch.equal(u, v) for v in out):
+            out.append(u)
+    return out
+
+
+def anchor_of(s: UpdateSettings) -> Anchor | None:
+    """The anchored units of ``train.anchor_unmasking_steps`` (None: no anchoring)."""
+    if s.anchor_steps <= 0:
+        return None
+    return Anchor(torch.arange(s.anchor_steps), s.anchor_coef, s.guards.kl_clamp)
+
+
+def backward_calls(s: UpdateSettings, num_samples: int, units_per_pass: int) -> int:
+    """Micro-batches (backward calls) one pass over ``num_samples`` samples takes: the trained
+    pairs', then the anchored ones'."""
+    calls = math.ceil(num_samples * units_per_pass / s.micro_batch_pairs)
+    if s.anchor_steps > 0:
+        calls += math.ceil(num_samples * s.anchor_steps / s.micro_batch_pairs)
+    return calls
+
+
+def _optimizer_step(
+    opt: Optimizing,
+    batch: TrainBatch,
+    units: torch.Tensor,
+    s: UpdateSettings,
+    ref_policy: MaskedImagePolicy | None,
+    normalizer: float | None,
+    num_backward: int,
+) -> dict[str, Any]:
+    """One pass over ``batch`` training ``units`` (long ``[K]``), padded to ``num_backward``
+    backward calls, and the optimizer step; the pass's metrics with ``grad_norm``."""
+    calls = [0]
+
+    def backward(loss: torch.Tensor) -> None:
+        calls[0] += 1
+        opt.backward(loss)
+
+    opt.zero_grad()
+    metrics: dict[str, Any] = accumulate_gradients(
+        opt.module,
+        batch,
+        train_steps=units,
+        micro_batch=s.micro_batch_pairs,
+        clip_low=s.clip_low,
+        clip_high=s.clip_high,
+        kl_coef=s.kl_coef,
+        ref_policy=ref_policy,
+        backward=backward,
+        normalizer=normalizer,
+        guards=s.guards,
+        autocast=s.autocast,
+        anchor=anchor_of(s),
+        shrinkage=s.shrinkage,
+    )
+
+    def replay() -> torch.Tensor | None:
+        return pad_loss(
+            opt.module,
+            batch,
+            train_steps=units,
+            micro_batch=s.micro_batch_pairs,
+            autocast=s.autocast,
+            shrinkage=s.shrinkage,
+        )
+
+    for _ in range(num_backward - calls[0]):
+        opt.pad_backward(replay)
+    norm = opt.step()
+    if norm is not None:
+        metrics["grad_norm"] = float(norm)
+    return metrics
