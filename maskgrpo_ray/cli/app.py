@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="'local' runs the single-process baseline (same as --set run.backend=local)",
     )
+    t.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's whole summary (RUN_DIR/summary.json) as JSON before its last line",
+    )
     for name, helptext in (
         ("scale", "change a running job's rollout actor count at its next step"),
         ("status", "print a running job's last step status"),
@@ -346,10 +351,11 @@ def _run(args: argparse.Namespace) -> int:
     if COMPLETE in summary:  # the run was complete: the one line said so, nothing changed
         print(f"run directory: {run_dir}")
         return 0
-    print(json.dumps(summary, indent=2))
-    if not summary.get("completed", True):
-        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
-    print(f"run directory: {run_dir}")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    from maskgrpo_ray.cli.ending import ending_lines
+
+    print("\n".join(ending_lines(summary, run_dir)))
     return 0
 
 
