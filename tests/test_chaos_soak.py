@@ -13,14 +13,13 @@ one is used. The long soak is ``bench/chaos_soak.py`` (figures in docs/operation
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import chaos_soak
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import chaos_soak  # noqa: E402
 
 
 def test_the_plan_covers_every_kind_and_moment_once_on_distinct_steps():

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from tiny_runs import NO_GRIDS, ONE_OF_EACH, tiny_toy
 
+from bench import fault_drill  # (the drill's small toy run: its settings)
+
 ROOT = Path(__file__).parents[1]
 RAY = Path(sys.executable).with_name("ray")
 STEPS = 12
-sys.path.insert(0, str(ROOT / "bench"))
-import fault_drill  # noqa: E402  (the drill's small toy run: its settings)
 
 SETTINGS = [
     s
