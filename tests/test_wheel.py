@@ -68,9 +68,9 @@ def test_the_wheel_holds_the_package_its_rooms_and_the_built_in_configs(fresh):
         for p in (ROOT / folder).rglob("*.py")
     }
     expected |= {f"maskgrpo_ray/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}
-    shipped = ROOT / "maskgrpo_ray" / "worlds" / "weights"  # the worlds' pre-trained weights
-    expected |= {f"maskgrpo_ray/worlds/weights/{p.name}" for p in shipped.glob("*.safetensors")}
-    expected.add("maskgrpo_ray/worlds/weights/manifest.json")
+    shipped = ROOT / "maskgrpo_ray" / "worlds" / "pretrained"  # the worlds' pre-trained weights
+    expected |= {f"maskgrpo_ray/worlds/pretrained/{p.name}" for p in shipped.glob("*.safetensors")}
+    expected.add("maskgrpo_ray/worlds/pretrained/manifest.json")
     assert len(expected) > 100 and expected <= names, sorted(expected - names)
     assert "maskgrpo_ray/py.typed" in names
     assert not [n for n in names if n.split("/")[0] in ("actors", "learner", "tests", "configs")]

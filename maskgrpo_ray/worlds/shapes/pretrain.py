@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from maskgrpo_ray.worlds import weights
+from maskgrpo_ray.worlds import pretrained
 from maskgrpo_ray.worlds.shapes import scenes, tokenizer
 from maskgrpo_ray.worlds.shapes.policy import PolicySpec, ShapesPolicy, WorldSpec
 
@@ -69,16 +69,16 @@ def fit_world_codebook(world: WorldSpec) -> torch.Tensor:
 
 def load_or_fit_codebook(world: WorldSpec) -> torch.Tensor:
     """The world's codebook uint8 ``[V, p, p, 3]``: shipped for the default world, else cached
-    by the world's spec, else learned now (:mod:`maskgrpo_ray.worlds.weights`)."""
-    found = weights.find("shapes-codebook", world.key(), "the shapes codebook")
+    by the world's spec, else learned now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
+    found = pretrained.find("shapes-codebook", world.key(), "the shapes codebook")
     if found is not None:
         return found["codebook"]
-    path = weights.cache_path("shapes-codebook", world.key())
+    path = pretrained.cache_path("shapes-codebook", world.key())
     log.warning(
         "no shipped or cached shapes codebook at %s: learning it from the renders now (once)", path
     )
     codebook = fit_world_codebook(world)
-    weights.store("shapes-codebook", world.key(), {"codebook": codebook})
+    pretrained.store("shapes-codebook", world.key(), {"codebook": codebook})
     return codebook
 
 
@@ -152,16 +152,16 @@ def pretrain(spec: PolicySpec, codebook: torch.Tensor, log_every: int = 500) -> 
 
 def load_or_pretrain(spec: PolicySpec) -> ShapesPolicy:
     """The pre-trained base policy: shipped for the default spec, else cached by its spec (the
-    world's included), else pre-trained now (:mod:`maskgrpo_ray.worlds.weights`)."""
+    world's included), else pre-trained now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
     codebook = load_or_fit_codebook(spec.world)
     key = spec.cache_key()
     model = ShapesPolicy(spec, codebook)
-    found = weights.find("shapes-base", key, "the shapes base model")
+    found = pretrained.find("shapes-base", key, "the shapes base model")
     if found is not None:
         model.load_state_dict(found)
         return model.eval()
-    path = weights.cache_path("shapes-base", key)
+    path = pretrained.cache_path("shapes-base", key)
     log.warning("no shipped or cached shapes base model at %s: pre-training it now (once)", path)
     model = pretrain(spec, codebook)
-    weights.store("shapes-base", key, model.state_dict())
+    pretrained.store("shapes-base", key, model.state_dict())
     return model

@@ -261,19 +261,19 @@ def train_reward_model(spec: RewardModelSpec) -> ShapesClip:
 
 def load_or_train(spec: RewardModelSpec) -> ShapesClip:
     """The trained reward model: shipped for the default spec, else cached by its spec, else
-    trained now (:mod:`maskgrpo_ray.worlds.weights`)."""
-    from maskgrpo_ray.worlds import weights
+    trained now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
+    from maskgrpo_ray.worlds import pretrained
 
     key = spec.cache_key()
     model = ShapesClip(spec)
-    found = weights.find("shapes-reward", key, "the shapes reward model")
+    found = pretrained.find("shapes-reward", key, "the shapes reward model")
     if found is not None:
         model.load_state_dict(found)
         return model.eval().requires_grad_(False)
-    path = weights.cache_path("shapes-reward", key)
+    path = pretrained.cache_path("shapes-reward", key)
     log.warning("no shipped or cached shapes reward model at %s: training it now (once)", path)
     model = train_reward_model(spec)
-    weights.store("shapes-reward", key, model.state_dict())
+    pretrained.store("shapes-reward", key, model.state_dict())
     return model
 
 

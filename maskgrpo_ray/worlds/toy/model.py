@@ -31,7 +31,7 @@ from maskgrpo_ray.models.registry import (
     register_model,
     register_prompt_set,
 )
-from maskgrpo_ray.worlds import weights
+from maskgrpo_ray.worlds import pretrained
 from maskgrpo_ray.worlds.toy import world as toyworld
 
 if TYPE_CHECKING:
@@ -205,17 +205,17 @@ def pretrain(spec: ToyModelSpec, log_every: int = 200) -> ToyPolicy:
 def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
     """The pre-trained toy base model: shipped with the package for the default spec, else
     cached by its spec so the demo and tests reuse it, else pre-trained now
-    (:mod:`maskgrpo_ray.worlds.weights`)."""
+    (:mod:`maskgrpo_ray.worlds.pretrained`)."""
     key = spec.cache_key()
     model = ToyPolicy(spec)
-    found = weights.find("toy-base", key, "the toy base model")
+    found = pretrained.find("toy-base", key, "the toy base model")
     if found is not None:
         model.load_state_dict(found)
         return model.eval()
-    path = weights.cache_path("toy-base", key)
+    path = pretrained.cache_path("toy-base", key)
     log.warning("no shipped or cached toy base model at %s: pre-training it now (once)", path)
     model = pretrain(spec)
-    weights.store("toy-base", key, model.state_dict())
+    pretrained.store("toy-base", key, model.state_dict())
     return model
 
 

@@ -14,7 +14,7 @@ whose hash is its key (``ToyModelSpec.cache_key()``, ``PolicySpec.cache_key()``,
 3. neither: None, and the caller pre-trains (any other spec: a changed field changes the key) and
    :func:`store` caches the result.
 
-``python -m maskgrpo_ray.worlds.weights`` copies the built-in configs' weights from the cache
+``python -m maskgrpo_ray.worlds.pretrained`` copies the built-in configs' weights from the cache
 into this folder and rewrites the manifest (a maintainer's step after a change to a default spec
 or to the pre-training; the files are committed).
 """

@@ -1,4 +1,4 @@
-"""``python -m maskgrpo_ray.worlds.weights``: ship the built-in configs' world weights.
+"""``python -m maskgrpo_ray.worlds.pretrained``: ship the built-in configs' world weights.
 
 For the default specs of ``configs/toy.yaml`` and ``configs/shapes.yaml``, each piece (the toy
 base; the shapes codebook, base and reward model) is copied from the user cache
@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import Any
 
 from maskgrpo_ray.safe_files import load_torch_file
-from maskgrpo_ray.worlds import weights
+from maskgrpo_ray.worlds import pretrained
 
 
 def default_pieces() -> list[tuple[str, str, dict[str, Any]]]:
@@ -38,12 +38,12 @@ def default_pieces() -> list[tuple[str, str, dict[str, Any]]]:
 def main() -> int:
     missing = 0
     for kind, key, spec in default_pieces():
-        path = weights.cache_path(kind, key)
+        path = pretrained.cache_path(kind, key)
         if not path.exists():
             print(f"{kind}-{key}: not in the cache ({path}); run its config once first")
             missing += 1
             continue
-        out = weights.ship(kind, key, load_torch_file(path, f"the cached {kind}"), spec)
+        out = pretrained.ship(kind, key, load_torch_file(path, f"the cached {kind}"), spec)
         print(f"{out}: {out.stat().st_size} bytes")
     return 1 if missing else 0
 
