@@ -58,6 +58,21 @@ def test_the_shipped_file_wins_over_the_cache_and_the_cache_over_pretraining(tmp
     assert pretrained.find("toy-base", "fedcba9876543210", "x") is None  # neither: pre-train
 
 
+def test_the_default_shapes_base_starts_without_pretraining(tmp_path, monkeypatch):
+    from maskgrpo_ray.worlds.shapes import pretrain
+    from maskgrpo_ray.worlds.shapes.model import policy_spec
+
+    monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pretrain, "pretrain", _no_pretraining)
+    monkeypatch.setattr(pretrain, "fit_world_codebook", _no_pretraining)
+    spec = policy_spec(load_config("shapes").model.shapes)
+    policy = pretrain.load_or_pretrain(spec)
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing cached
+    shipped = pretrained.shipped("shapes-base", spec.cache_key(), "the shapes base model")
+    assert shipped is not None and policy.state_dict().keys() == shipped.keys()
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in shipped.items())
+
+
 @pytest.fixture
 def shipped_copy(tmp_path, monkeypatch):
     """A copy of the shipped folder the loader reads instead (to damage it)."""
