@@ -22,7 +22,7 @@ def _no_pretraining(*a, **k):
 def test_every_shipped_file_is_a_default_piece_and_matches_its_manifest():
     entries = pretrained.manifest()
     pieces = {f"{kind}-{key}.safetensors": spec for kind, key, spec in default_pieces()}
-    assert "toy-base-" + default_pieces()[0][1] + ".safetensors" in entries  # make run's base
+    assert set(pieces) == set(entries)  # every built-in world's piece ships: none pre-trains
     on_disk = {p.name for p in pretrained.HERE.glob("*.safetensors")}
     assert on_disk == set(entries)  # no file outside the manifest, no entry without its file
     for name, entry in entries.items():
@@ -71,6 +71,21 @@ def test_the_default_shapes_base_starts_without_pretraining(tmp_path, monkeypatc
     shipped = pretrained.shipped("shapes-base", spec.cache_key(), "the shapes base model")
     assert shipped is not None and policy.state_dict().keys() == shipped.keys()
     assert all(torch.equal(policy.state_dict()[k], v) for k, v in shipped.items())
+
+
+def test_the_default_shapes_reward_model_starts_without_training(tmp_path, monkeypatch):
+    from maskgrpo_ray.worlds.shapes import reward_model
+    from maskgrpo_ray.worlds.shapes.model import reward_spec
+
+    monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(reward_model, "train_reward_model", _no_pretraining)
+    spec = reward_spec(load_config("shapes").model.shapes)
+    model = reward_model.load_or_train(spec)
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing cached
+    shipped = pretrained.shipped("shapes-reward", spec.cache_key(), "the shapes reward model")
+    assert shipped is not None and model.state_dict().keys() == shipped.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in shipped.items())
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
 
 
 @pytest.fixture
