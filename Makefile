@@ -58,7 +58,7 @@ docs: $(STAMP)
 	$(VENV)/bin/maskgrpo config-docs --out docs/config.md
 
 bench: $(STAMP)
-	$(PY) bench/bench_logprob_recompute.py
+	$(PY) -m bench.bench_logprob_recompute
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,6 +1,6 @@
 """Toy-world ablation of the paper's choices: several seeds per variant, intervals, a verdict.
 
-    .venv/bin/python bench/ablation_toy.py [--steps 120] [--seeds 0,1,2,3,4] [--jobs 2]
+    .venv/bin/python -m bench.ablation_toy [--steps 120] [--seeds 0,1,2,3,4] [--jobs 2]
         [--variants "p2 (Eq. 15);..."] [--out bench/results_ablation_toy.json]
         [--plot docs/img/ablation_toy.png] [--markdown docs/ablation_toy_table.md]
 
@@ -25,6 +25,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from bench import toy_lab as lab
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,23 +129,11 @@ VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
     ),
 }
 
-# two-sided 95% Student t quantiles by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def interval(xs: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for one value)."""
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, 0.0
-    t = T975.get(len(xs) - 1, 1.96)
-    return m, t * statistics.stdev(xs) / math.sqrt(len(xs))
-
 
 def verdict(diffs: list[float], claim: str | None) -> str:
     if claim is None or len(diffs) < 2:
         return "-"
-    m, h = interval(diffs)
+    m, h = lab.interval(diffs)
     if h == 0 and m == 0:
         return "not resolved"
     lo, hi = m - h, m + h
@@ -208,8 +198,8 @@ def summarise(runs: list[dict], names: list[str]) -> list[dict]:
         gains = [r["gain"] for r in by[n].values()]
         seeds = sorted(set(by[n]) & set(ref))
         diffs = [by[n][s]["gain"] - ref[s]["gain"] for s in seeds]
-        m, h = interval(gains)
-        dm, dh = interval(diffs) if n != names[0] else (0.0, 0.0)
+        m, h = lab.interval(gains)
+        dm, dh = lab.interval(diffs) if n != names[0] else (0.0, 0.0)
         rows.append(
             {
                 "variant": n,

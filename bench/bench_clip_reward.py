@@ -8,8 +8,8 @@ the same model:
 - the time of preprocessing alone (batched tensor path, and open_clip's PIL transform per image)
   as a share of one batched scoring call.
 
-    OMP_NUM_THREADS=2 python bench/bench_clip_reward.py                  # 224 px, as generated
-    OMP_NUM_THREADS=2 python bench/bench_clip_reward.py --size 512       # Show-o's 512 px output
+    OMP_NUM_THREADS=2 python -m bench.bench_clip_reward                  # 224 px, as generated
+    OMP_NUM_THREADS=2 python -m bench.bench_clip_reward --size 512       # Show-o's 512 px output
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SIMULATION: cluster-scale pipeline figures on simulated accelerators, against the ideal.
 
-    .venv/bin/python bench/bench_cluster_sim.py [--sections all|pipeline,scaling,live,splits]
+    .venv/bin/python -m bench.bench_cluster_sim [--sections all|pipeline,scaling,live,splits]
         [--time-scale 0.05] [--steps 10] [--splits 1,2,...] [--out bench/results_cluster_sim]
 
 Every row runs the real system (``RayExecutor``, the driver's loop, rollout / reward / filter
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 SIM_CONFIG = REPO / "configs" / "sim_showo512.yaml"
 PROFILES = {"trajectory": "showo_512_h100", "forward": "showo_512_h100_forward"}

@@ -1,7 +1,7 @@
 """Distributed (Ray, synchronous and asynchronous) vs single-process samples/s on the same work,
 same machine, same run; and the weight-sync time against the model's size in bytes.
 
-    .venv/bin/python bench/bench_distributed.py [--config configs/toy.yaml] [--steps 10]
+    .venv/bin/python -m bench.bench_distributed [--config configs/toy.yaml] [--steps 10]
         [--set key=value ...] [--no-sync-sizes] [--out bench/results_distributed.json]
 
 Three runs of ``driver.train``, each in a fresh process: the local backend, Ray with the synchronous loop
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def run_backend(

@@ -1,6 +1,6 @@
 """Trajectory vs forward-process estimator: rollout and learner seconds, bytes per sample.
 
-    .venv/bin/python bench/bench_estimators.py [--repeats 3] [--prompts 8] [--draws 4]
+    .venv/bin/python -m bench.bench_estimators [--repeats 3] [--prompts 8] [--draws 4]
         [--out bench/results_estimators.json]
 
 For each world (the toy world, and the tiny random Show-o of ``configs/showo_tiny_random.yaml``

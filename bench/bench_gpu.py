@@ -34,7 +34,7 @@ recorded as skipped, so the default run takes about 8 minutes on an H100. Result
 ``--out`` (default ``$OUT/bench_gpu.json``, else ``bench/results_gpu.json``), rewritten after
 every section.
 
-Run: ``python bench/bench_gpu.py`` (GPU) or ``python bench/bench_gpu.py --smoke`` (tiny random
+Run: ``python -m bench.bench_gpu`` (GPU) or ``python -m bench.bench_gpu --smoke`` (tiny random
 Show-o on the CPU, float32, one thread, seconds).
 """
 

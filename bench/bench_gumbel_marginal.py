@@ -9,7 +9,7 @@ probabilities spread from near-uniform to near-certain), and the transition is d
 ``top_k``), forward without gradient (the rollout's ``old_logp``) and forward + backward (the
 learner), in the same process, and prints a markdown table with the ratio to Eq. 14 and each
 ``top_k``'s ``|log P|`` difference from the untruncated value. Run:
-``python bench/bench_gumbel_marginal.py [--rows 1] [--steps 0,5,12] [--top-k 64,256]
+``python -m bench.bench_gumbel_marginal [--rows 1] [--steps 0,5,12] [--top-k 64,256]
 [--repeats 2]`` (times are the least of the repeats, after a warm-up call).
 """
 

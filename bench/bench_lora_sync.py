@@ -1,6 +1,6 @@
 """Weight sync per update at Show-o 512's size: the full trained weights vs a LoRA adapter.
 
-    .venv/bin/python bench/bench_lora_sync.py [--rank 16] [--targets q_proj,k_proj,v_proj,dense]
+    .venv/bin/python -m bench.bench_lora_sync [--rank 16] [--targets q_proj,k_proj,v_proj,dense]
         [--dtype bfloat16] [--repeats 2] [--no-full] [--out bench/results_lora_sync.json]
 
 The tensors are the real ones' shapes: the full-size Show-o 512 checkpoint's parameter list
@@ -21,17 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import sys
-import time
 from pathlib import Path
 
 import ray
 import torch
 
+from bench.bench_weight_sync import time_transports
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT.parent / "shared" / "fixtures" / "showo_reference" / "showo_512_state_keys.json"
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 def shapes(path: Path = KEYS) -> dict[str, tuple[int, ...]]:
@@ -54,89 +52,9 @@ def lora_shapes(full: dict[str, tuple[int, ...]], rank: int, targets: list[str])
     return out
 
 
-@ray.remote(num_cpus=0.5)
-class Member:
-    def __init__(self, table: dict[str, tuple[int, ...]], dtype: str, fill: bool) -> None:
-        torch.set_num_threads(1)
-        dt = getattr(torch, dtype)
-        g = torch.Generator().manual_seed(0)
-        self.state = {
-            k: (torch.randn(s, generator=g).to(dt) if fill else torch.zeros(s, dtype=dt))
-            for k, s in table.items()
-        }
-        self.ch = None
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self.state
-
-    def load(self, state: dict[str, torch.Tensor]) -> float:
-        with torch.no_grad():
-            for k, v in state.items():
-                self.state[k].copy_(v)
-        return float(next(iter(self.state.values())).float().sum())
-
-    def checksum(self) -> float:
-        return float(next(iter(self.state.values())).float().sum())
-
-    def reset(self) -> None:
-        for v in self.state.values():
-            v.zero_()
-
-    def open(self) -> tuple[str, int]:
-        from maskgrpo_ray.cluster.weight_transfer import open_store
-
-        ip = ray.util.get_node_ip_address()
-        self.store = open_store(ip, 300)
-        return ip, int(self.store.port)
-
-    def join(self, host: str, port: int, rank: int, metas: list, bucket: int) -> None:
-        from maskgrpo_ray.cluster.weight_transfer import Channel
-
-        store = self.store if rank == 0 else None
-        cpu = torch.device("cpu")
-        self.ch = Channel(host, port, rank, 2, cpu, metas, bucket, 300, store=store)
-
-    def send(self) -> int:
-        return self.ch.send(self.state)
-
-    def receive(self) -> float:
-        self.ch.receive(self.state)
-        return self.checksum()
-
-
 def bench(table: dict, dtype: str, repeats: int, bucket_mb: int = 256) -> dict[str, float]:
-    from maskgrpo_ray.cluster.weight_transfer import tensor_metas
-
-    sender = Member.remote(table, dtype, True)
-    target = Member.remote(table, dtype, False)
-    want = ray.get(sender.checksum.remote(), timeout=1200)
-    metas = tensor_metas({k: torch.empty(s, dtype=getattr(torch, dtype)) for k, s in table.items()})
-    host, port = ray.get(sender.open.remote(), timeout=300)
-    joins = [target.join.remote(host, port, 1, metas, bucket_mb << 20)]
-    ray.get([sender.join.remote(host, port, 0, metas, bucket_mb << 20), *joins], timeout=600)
-    store_s, coll_s = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        got = ray.get(target.load.remote(sender.weights.remote()), timeout=1200)
-        store_s.append(time.perf_counter() - t0)
-        assert got == want, (got, want)
-        ray.get(target.reset.remote(), timeout=600)
-        t0 = time.perf_counter()
-        send = sender.send.remote()
-        got = ray.get(target.receive.remote(), timeout=1200)
-        ray.get(send, timeout=1200)
-        coll_s.append(time.perf_counter() - t0)
-        assert got == want, (got, want)
-    for a in (sender, target):
-        ray.kill(a)
-    item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return {
-        "tensors": len(table),
-        "parameters": sum(math.prod(s) for s in table.values()),
-        "bytes": sum(math.prod(s) for s in table.values()) * item,
-        "object_store_s": statistics.median(store_s),
-        "collective_s": statistics.median(coll_s),
-    }
+    """One learner rank to one rollout actor (bench/bench_weight_sync.py's harness)."""
+    return time_transports(table, dtype, 1, bucket_mb, repeats, num_cpus=0.5)
 
 
 def main() -> None:

@@ -6,8 +6,8 @@ once per binding (per prompt, shared by the ``G`` samples and by the uncondition
 runs only the 258 image rows per step. This script times one unmasking step both ways in the
 same process, on the same weights and states, and checks that the logits agree.
 
-    OMP_NUM_THREADS=2 python bench/bench_prefix_reuse.py            # small-but-not-tiny model
-    python bench/bench_prefix_reuse.py --hidden 1024 --layers 12    # bigger
+    OMP_NUM_THREADS=2 python -m bench.bench_prefix_reuse            # small-but-not-tiny model
+    python -m bench.bench_prefix_reuse --hidden 1024 --layers 12    # bigger
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Each configuration: one warm-up call, then calls until ``--min-time-s`` (median)
 ``torch.cuda.synchronize`` around each. Prints a markdown table of seconds per image and
 images/s, and writes the JSON to ``--out`` (default ``$OUT/bench_reward_gpu.json``).
 
-Run: ``python bench/bench_reward_gpu.py`` (GPU, about a minute) or ``--smoke`` (tiny models on
+Run: ``python -m bench.bench_reward_gpu`` (GPU, about a minute) or ``--smoke`` (tiny models on
 the CPU, seconds: the code path only).
 """
 

@@ -1,6 +1,6 @@
 """Weight-sync transports on a local Ray cluster: object store vs bucketed collective broadcast.
 
-    .venv/bin/python bench/bench_weight_sync.py [--sizes-mb 16,64,256] [--receivers 2]
+    .venv/bin/python -m bench.bench_weight_sync [--sizes-mb 16,64,256] [--receivers 2]
         [--bucket-mb 256] [--repeats 3] [--out bench/results_weight_sync.json]
 
 One sender actor (the learner's rank 0) holds a state dict of float32 tensors of 4 MiB each
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -36,16 +37,25 @@ ROOT = Path(__file__).resolve().parents[1]
 TENSOR_MB = 4
 
 
-def make_state(size_mb: int, fill: float) -> dict[str, torch.Tensor]:
+def size_table(size_mb: int) -> dict[str, tuple[int, ...]]:
+    """``size_mb`` of float32 tensors of 4 MiB each (name -> shape)."""
     n = TENSOR_MB * (1 << 20) // 4
-    return {f"layer{i}.weight": torch.full((n,), fill) for i in range(size_mb // TENSOR_MB)}
+    return {f"layer{i}.weight": (n,) for i in range(size_mb // TENSOR_MB)}
 
 
 @ray.remote(num_cpus=0.25)
 class Member:
-    def __init__(self, size_mb: int, fill: float) -> None:
+    """A learner rank (the sender, ``fill`` None: seeded random values) or a rollout actor
+    (``fill`` 0: zeros) holding tensors of ``table``'s names and shapes in ``dtype``."""
+
+    def __init__(self, table: dict[str, tuple[int, ...]], dtype: str, fill: float | None) -> None:
         torch.set_num_threads(1)
-        self.state = make_state(size_mb, fill)
+        dt = getattr(torch, dtype)
+        g = torch.Generator().manual_seed(0)
+        self.state = {
+            k: torch.randn(s, generator=g).to(dt) if fill is None else torch.full(s, fill, dtype=dt)
+            for k, s in table.items()
+        }
         self.ch: Channel | None = None
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -55,7 +65,10 @@ class Member:
         with torch.no_grad():
             for k, v in state.items():
                 self.state[k].copy_(v)
-        return float(next(iter(self.state.values()))[0])
+        return self.checksum()
+
+    def checksum(self) -> float:
+        return float(next(iter(self.state.values())).float().sum())
 
     def reset(self) -> None:
         for v in self.state.values():
@@ -63,7 +76,7 @@ class Member:
 
     def open(self) -> tuple[str, int]:
         ip = ray.util.get_node_ip_address()
-        self.store = open_store(ip, 120)
+        self.store = open_store(ip, 300)
         return ip, int(self.store.port)
 
     def join(
@@ -71,7 +84,7 @@ class Member:
     ) -> None:
         store = self.store if rank == 0 else None
         cpu = torch.device("cpu")
-        self.ch = Channel(host, port, rank, world, cpu, metas, bucket, 120, store=store)
+        self.ch = Channel(host, port, rank, world, cpu, metas, bucket, 300, store=store)
 
     def send(self) -> int:
         assert self.ch is not None
@@ -80,35 +93,60 @@ class Member:
     def receive(self) -> float:
         assert self.ch is not None
         self.ch.receive(self.state)
-        return float(next(iter(self.state.values()))[0])
+        return self.checksum()
 
 
-def bench_size(size_mb: int, receivers: int, bucket_mb: int, repeats: int) -> dict[str, float]:
-    sender = Member.remote(size_mb, 1.0)
-    targets = [Member.remote(size_mb, 0.0) for _ in range(receivers)]
-    metas = tensor_metas(make_state(size_mb, 0.0))
+def time_transports(
+    table: dict[str, tuple[int, ...]],
+    dtype: str,
+    receivers: int,
+    bucket_mb: int,
+    repeats: int,
+    num_cpus: float = 0.25,
+) -> dict[str, float]:
+    """Seconds per sync of ``table``'s tensors from one sender to ``receivers`` actors, by the
+    object store and by the bucketed collective (medians of ``repeats``; every receiver checked
+    to hold the sender's values), with the tensors', parameters' and bytes' counts."""
+    member = Member.options(num_cpus=num_cpus)
+    sender = member.remote(table, dtype, None)
+    targets = [member.remote(table, dtype, 0.0) for _ in range(receivers)]
+    want = ray.get(sender.checksum.remote(), timeout=1200)
+    dt = getattr(torch, dtype)
+    metas = tensor_metas({k: torch.empty(s, dtype=dt) for k, s in table.items()})
     world, bucket = receivers + 1, bucket_mb << 20
-    host, port = ray.get(sender.open.remote())
+    host, port = ray.get(sender.open.remote(), timeout=300)
     joins = [t.join.remote(host, port, i + 1, world, metas, bucket) for i, t in enumerate(targets)]
-    ray.get([sender.join.remote(host, port, 0, world, metas, bucket), *joins], timeout=300)
+    ray.get([sender.join.remote(host, port, 0, world, metas, bucket), *joins], timeout=600)
     store_s, coll_s = [], []
     for r in range(repeats):
         t0 = time.perf_counter()
         ref = sender.weights.remote()
-        got = ray.get([t.load.remote(ref) for t in targets], timeout=600)
+        got = ray.get([t.load.remote(ref) for t in targets], timeout=1200)
         store_s.append(time.perf_counter() - t0)
-        assert got == [1.0] * receivers
+        assert got == [want] * receivers, (r, got, want)
         ray.get([t.reset.remote() for t in targets])  # the broadcast must bring the values
         t0 = time.perf_counter()
         send = sender.send.remote()
-        got = ray.get([t.receive.remote() for t in targets], timeout=600)
-        ray.get(send, timeout=600)
+        got = ray.get([t.receive.remote() for t in targets], timeout=1200)
+        ray.get(send, timeout=1200)
         coll_s.append(time.perf_counter() - t0)
-        assert got == [1.0] * receivers, (r, got)
+        assert got == [want] * receivers, (r, got, want)
     for a in [sender, *targets]:
         ray.kill(a)
+    n = sum(math.prod(s) for s in table.values())
+    return {
+        "tensors": len(table),
+        "parameters": n,
+        "bytes": n * torch.empty((), dtype=dt).element_size(),
+        "object_store_s": statistics.median(store_s),
+        "collective_s": statistics.median(coll_s),
+    }
+
+
+def bench_size(size_mb: int, receivers: int, bucket_mb: int, repeats: int) -> dict[str, float]:
+    t = time_transports(size_table(size_mb), "float32", receivers, bucket_mb, repeats)
     nbytes = size_mb << 20
-    s, c = statistics.median(store_s), statistics.median(coll_s)
+    s, c = t["object_store_s"], t["collective_s"]
     return {
         "size_mb": size_mb,
         "receivers": receivers,

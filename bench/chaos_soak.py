@@ -1,7 +1,7 @@
 """Chaos soak: faults at random moments of one long toy run on the Ray backend; the run must end
 with the weights of a fault-free run.
 
-    .venv/bin/python bench/chaos_soak.py [--steps 40] [--faults 16] [--seed 0]
+    .venv/bin/python -m bench.chaos_soak [--steps 40] [--faults 16] [--seed 0]
         [--out bench/results_chaos_soak.json]
 
 Both runs are ``configs/toy.yaml`` on the Ray backend (2 rollout actors, 1 reward actor, 2
@@ -44,7 +44,6 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -53,9 +52,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import fault_drill  # (the drill's command, rows and group accounting)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import fault_drill  # noqa: E402  (the drill's command, rows and group accounting)
 
 KINDS = ("rollout", "reward", "filter", "learner")
 MOMENTS = ("start", "random", "sync", "checkpoint", "ahead")

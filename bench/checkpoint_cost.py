@@ -1,6 +1,6 @@
 """What a checkpoint costs: measured on the toy, predicted for Show-o 512.
 
-    .venv/bin/python bench/checkpoint_cost.py [--steps 40] [--every 5] [--out FILE]
+    .venv/bin/python -m bench.checkpoint_cost [--steps 40] [--every 5] [--out FILE]
         [--state-gb 20.27] [--device cpu|cuda] [--only-state]
 
 ``run.checkpoint_async``: the toy is also run on the local backend with asynchronous

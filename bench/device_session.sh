@@ -51,7 +51,7 @@ want env && tail -4 "$OUT/env.txt"
 
 if want nccl; then
     say "2. NCCL, two processes on one GPU"
-    timeout 60 python3 bench/nccl_same_gpu.py >"$OUT/nccl_same_gpu.txt" 2>&1
+    timeout 60 python3 -m bench.nccl_same_gpu >"$OUT/nccl_same_gpu.txt" 2>&1
     echo "rc $?" >>"$OUT/nccl_same_gpu.txt"
     tail -3 "$OUT/nccl_same_gpu.txt"
 fi
@@ -82,14 +82,14 @@ if want tests; then
 fi
 if want bench; then
     say "5. bench/bench_gpu.py (timeout ${bench_timeout} s, budget scale ${budget_scale})"
-    timeout "$bench_timeout" python3 bench/bench_gpu.py --budget-scale "$budget_scale" \
+    timeout "$bench_timeout" python3 -m bench.bench_gpu --budget-scale "$budget_scale" \
         --out "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
     echo "rc $?" >>"$OUT/bench_gpu.log"
     tail -30 "$OUT/bench_gpu.log"
 fi
 if want reward; then
     say "6. bench/bench_reward_gpu.py"
-    timeout 200 python3 bench/bench_reward_gpu.py --out "$OUT/bench_reward_gpu.json" \
+    timeout 200 python3 -m bench.bench_reward_gpu --out "$OUT/bench_reward_gpu.json" \
         >"$OUT/bench_reward_gpu.log" 2>&1
     echo "rc $?" >>"$OUT/bench_reward_gpu.log"
     tail -30 "$OUT/bench_reward_gpu.log"

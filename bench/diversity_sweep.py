@@ -1,6 +1,6 @@
 """Reward against diversity on the toy world: the diversity-aware advantages, swept over seeds.
 
-    .venv/bin/python bench/diversity_sweep.py [--seeds 0-4] [--steps 120] [--jobs 2]
+    .venv/bin/python -m bench.diversity_sweep [--seeds 0-4] [--steps 120] [--jobs 2]
         [--variants "none;GARDO;..."] [--fresh] [--out bench/results_diversity_sweep.json]
         [--markdown docs/diversity_table.md]
 
@@ -19,17 +19,9 @@ figures, and the learner's and the whole step's seconds. Runs are cached per (va
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import toy_lab as lab  # noqa: E402
+from bench import toy_lab as lab
 
 TWO = (
     "reward.components=[{kind: toy_rules, args: {terms: score, name: toy_score}}, "
@@ -79,10 +71,7 @@ def rows_of(runs: list[dict], names: list[str], ref: str) -> list[dict]:
     return rows
 
 
-def _ci(v: tuple[float, float], signed: bool = False, d: int = 3) -> str:
-    m, h = v
-    f = f"{{:{'+' if signed else ''}.{d}f}}"
-    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+_ci = lab.fmt_interval
 
 
 def markdown(rows: list[dict], steps: int) -> str:
@@ -113,39 +102,23 @@ def markdown(rows: list[dict], steps: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seeds", default="0-4")
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
+    ap = lab.experiment_parser(__doc__, "0-4", 120, "results_diversity_sweep.json")
     ap.add_argument("--set", dest="common", action="append", default=[], help="KEY=VALUE for all")
-    ap.add_argument("--fresh", action="store_true")
-    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_diversity_sweep.json"))
-    ap.add_argument("--markdown", default="")
     a = ap.parse_args()
     ref = "none"
     names = lab.variants_of(a.variants, list(VARIANTS), ref)
     seeds = lab.seeds_of(a.seeds)
     extra = tuple(a.common)
     jobs = [lab.Job(n, tuple(VARIANTS[n]), s, a.steps, extra=extra) for n in names for s in seeds]
-    t0 = time.perf_counter()
 
-    def done(r: dict, i: int, total: int) -> None:
+    def describe(r: dict) -> str:
         f = r["final"]
-        print(
-            f"{r['variant']:34s} seed {r['seed']}: accuracy {f['eval_accuracy']:.3f}, distinct "
-            f"{f['eval_diversity/distinct']:.3f} ({r['wall_seconds']:.0f} s) "
-            f"[{i}/{total}, {time.perf_counter() - t0:.0f} s]",
-            flush=True,
-        )
+        return f"accuracy {f['eval_accuracy']:.3f}, distinct {f['eval_diversity/distinct']:.3f}"
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(34, describe))
     rows = rows_of(runs, names, ref)
-    table = markdown(rows, a.steps)
-    print(table)
-    Path(a.out).write_text(json.dumps({"steps": a.steps, "rows": rows, "runs": runs}) + "\n")
-    if a.markdown:
-        Path(a.markdown).write_text(table)
+    record = {"steps": a.steps, "rows": rows, "runs": runs}
+    lab.write_results(a.out, record, markdown(rows, a.steps), a.markdown, indent=None)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fault drill: real faults in real Ray training runs, measured against an uninterrupted run.
 
-    .venv/bin/python bench/fault_drill.py [--faults rollout,reward,filter,learner,sigterm]
+    .venv/bin/python -m bench.fault_drill [--faults rollout,reward,filter,learner,sigterm]
         [--out bench/results_fault_drill.json]
 
 Every run is ``configs/toy.yaml`` on the Ray backend (2 rollout actors, 1 reward actor, 2

@@ -1,7 +1,7 @@
 """The speed frontier: each speed lever beside the judge's verdict, paired by seed against the
 paper's recipe on the GenEval-shaped world.
 
-    .venv/bin/python bench/frontier.py [--seeds 0-4] [--steps 60] [--recipes "..."]
+    .venv/bin/python -m bench.frontier [--seeds 0-4] [--steps 60] [--recipes "..."]
         [--combine "async lag 1+shrinkage s 2"] [--config configs/shapes.yaml] [--jobs 2]
         [--fresh] [--out bench/results_frontier.json] [--markdown docs/frontier.md]
         [--plot docs/img/frontier_shapes.png]
@@ -32,19 +32,13 @@ each seed), ``g`` the reference's mean gain, taken as known (its own spread is n
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import paper_table as pt  # noqa: E402
-import toy_lab as lab  # noqa: E402
+from bench import paper_table as pt
+from bench import toy_lab as lab
 
 REF = "paper's recipe"
 SHOWO = "configs/showo_512_clip.yaml"
@@ -256,22 +250,16 @@ def main() -> None:
         for s in seeds
         for n in names
     ]
-    t0 = time.perf_counter()
 
-    def done(r: dict, i: int, total: int) -> None:
+    def describe(r: dict) -> str:
         f = pt.figures(r)
-        print(f"{r['variant']:44s} seed {r['seed']:3d}: gain {f['gain']:+.3f}, pairwise "
-              f"{f['pairwise']:.3f} ({r['wall_seconds']:.0f} s) [{i}/{total}, "
-              f"{time.perf_counter() - t0:.0f} s]", flush=True)  # fmt: skip
+        return f"gain {f['gain']:+.3f}, pairwise {f['pairwise']:.3f}"
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(44, describe))
     rows = table(runs, names, seeds, world)
     md = markdown(rows, seeds, a.steps, a.config)
-    print(md)
     record = {"config": a.config, "steps": a.steps, "seeds": seeds, "rows": rows}
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    if a.markdown:
-        Path(a.markdown).write_text(md)
+    lab.write_results(a.out, record, md, a.markdown)
     if a.plot:
         plot(rows, a.plot, f"{a.config}, seeds {a.seeds}, {a.steps} steps")
 

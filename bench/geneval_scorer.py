@@ -1,6 +1,6 @@
 """Images per second of the in-process GenEval scorer (maskgrpo_ray/rewards/geneval.py) on tiny
 random models (a tiny Mask2Former and open_clip: the real code path, no download), on this
-machine's CPU. Usage: python bench/geneval_scorer.py [--images 32] [--side 64] [--threads 1]
+machine's CPU. Usage: python -m bench.geneval_scorer [--images 32] [--side 64] [--threads 1]
 
 The figure is the scorer's own overhead and the procedure's cost at a small test resize, not the
 full-size models' speed (the planner's reward side gives that: maskgrpo plan --config

@@ -1,6 +1,6 @@
 """A cheaper learner, measured: learning against the learner's work, paired by seed.
 
-    .venv/bin/python bench/learner_cost.py [--world toy|shapes] [--seeds 0-7]
+    .venv/bin/python -m bench.learner_cost [--world toy|shapes] [--seeds 0-7]
         [--holdout 100-107] [--steps 120] [--variants "full;last 4;..."] [--jobs 2] [--fresh]
         [--out bench/results_learner_cost.json] [--markdown docs/learner_cost_table.md]
 
@@ -37,14 +37,9 @@ import argparse
 import json
 import math
 import statistics
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import toy_lab as lab  # noqa: E402
+from bench import toy_lab as lab
 
 # the instrument's shape; every unmasking step trained unless a variant says otherwise (the toy
 # default trains the last 2 of its 8)
@@ -184,9 +179,8 @@ def table(runs: list[dict], names: list[str], seeds: list[int]) -> tuple[list[di
 
 
 def _ci(v: tuple[float, float], signed: bool = True) -> str:
-    m, h = v
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+    """``mean [lo, hi]``, signed by default (a gain or a difference)."""
+    return lab.fmt_interval(v, signed)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -200,7 +194,7 @@ def markdown(rows: list[dict]) -> str:
         d = (_ci(r["d_auc"]), _ci(r["d_gain"])) if "d_auc" in r else ("-", "-")
         out.append(
             f"| {r['variant']} | {r['toy_pairs_per_image']:g} ({r['toy_share']:.0%}); "
-            f"{r['showo_pairs_per_image']:g} | {_ci(r['auc'], False)} | {d[0]} | "
+            f"{r['showo_pairs_per_image']:g} | {_ci(r['auc'], signed=False)} | {d[0]} | "
             f"{_ci(r['gain'])} | {d[1]} | {r['update_seconds']:.3f} | "
             f"{r['showo_images_per_gpu_s']:.2f} ({r['showo_split']}; "
             f"{r['showo_limit_per_gpu_s']:.2f}) |"
@@ -242,18 +236,12 @@ def main() -> None:
     if hold:
         for n in dict.fromkeys([REFERENCE, a.recipe]):
             jobs += [job(n, s) for s in hold]
-    t0 = time.perf_counter()
 
-    def done(r: dict, i: int, total: int) -> None:
+    def describe(r: dict) -> str:
         f = figures(r)
-        print(
-            f"{r['variant']:34s} seed {r['seed']:3d}: AUC {f['auc']:.3f}, final "
-            f"{f['final']:.3f}, distinct {f['distinct']:.3f} ({r['wall_seconds']:.0f} s) "
-            f"[{i}/{total}, {time.perf_counter() - t0:.0f} s]",
-            flush=True,
-        )
+        return f"AUC {f['auc']:.3f}, final {f['final']:.3f}, distinct {f['distinct']:.3f}"
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(34, describe))
     rows, md = table(runs, names, seeds)
     power = resolving_power(rows)
     print(md)

@@ -1,6 +1,6 @@
 """The paper's Table 3 held against the GenEval-shaped world, paired by seed.
 
-    .venv/bin/python bench/paper_table.py [--seeds 0-7] [--steps 60] [--variants "..."]
+    .venv/bin/python -m bench.paper_table [--seeds 0-7] [--steps 60] [--variants "..."]
         [--jobs 2] [--fresh] [--out bench/results_paper_table.json]
         [--markdown docs/paper_table.md]
 
@@ -24,18 +24,10 @@ interval excludes zero on the paper's side, "reversed" when it excludes zero on 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import toy_lab as lab  # noqa: E402
+from bench import toy_lab as lab
 
 CONFIG = "configs/shapes.yaml"
 COMMON = ["eval.every_steps=20", "logging.sample_grid_every_steps=0"]
@@ -111,9 +103,8 @@ def _finite(xs: list[float]) -> tuple[float, float]:
 
 
 def _ci(v: tuple[float, float], signed: bool = True) -> str:
-    m, h = v
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+    """``mean [lo, hi]``, signed by default (a gain or a difference)."""
+    return lab.fmt_interval(v, signed)
 
 
 def verdict(diff: tuple[float, float], seeds: int) -> str:
@@ -205,12 +196,14 @@ def markdown(t: dict, seeds: list[int], steps: int) -> str:
     for r in t["rows"]:
         paper = f"{r['paper']:.2f}" if r.get("paper") is not None else "-"
         if r["variant"] == "base":
-            out.append(f"| base | {paper} | {_ci(r['final'], False)} | - | - | - | - | - | - |")
+            out.append(
+                f"| base | {paper} | {_ci(r['final'], signed=False)} | - | - | - | - | - | - |"
+            )
             continue
         d = (_ci(r["d_final"]), _ci(r["d_auc"])) if "d_final" in r else ("-", "-")
         out.append(
-            f"| {r['variant']} | {paper} | {_ci(r['final'], False)} | {_ci(r['gain'])} | {d[0]} | "
-            f"{_ci(r['auc'], False)} | {d[1]} | {r['reward_rise'][0]:+.3f} / "
+            f"| {r['variant']} | {paper} | {_ci(r['final'], signed=False)} | {_ci(r['gain'])} | {d[0]} | "
+            f"{_ci(r['auc'], signed=False)} | {d[1]} | {r['reward_rise'][0]:+.3f} / "
             f"{r['judge_rise'][0]:+.3f} | {r['step_seconds']:.1f} |"
         )
     out += [
@@ -249,41 +242,22 @@ def markdown(t: dict, seeds: list[int], steps: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seeds", default="0-7")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--fresh", action="store_true")
-    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_paper_table.json"))
-    ap.add_argument("--markdown", default="")
-    a = ap.parse_args()
+    a = lab.experiment_parser(__doc__, "0-7", 60, "results_paper_table.json").parse_args()
     names = lab.variants_of(a.variants, list(VARIANTS), FULL)
     seeds = lab.seeds_of(a.seeds)
-    jobs = [
-        lab.Job(n, tuple(VARIANTS[n]), s, a.steps, config=CONFIG, extra=tuple(COMMON))
-        for s in seeds
-        for n in names
-    ]
-    t0 = time.perf_counter()
+    jobs = lab.seed_major_jobs(names, VARIANTS, seeds, a.steps, CONFIG, COMMON)
 
-    def done(r: dict, i: int, total: int) -> None:
+    def describe(r: dict) -> str:
         f = figures(r)
-        print(
-            f"{r['variant']:36s} seed {r['seed']:3d}: final {f['final']:.3f} (base "
-            f"{f['base']:.3f}), AUC {f['auc']:.3f}, reward rise {f['reward_rise']:+.3f}, judge "
-            f"rise {f['judge_rise']:+.3f} ({r['wall_seconds']:.0f} s) [{i}/{total}, "
-            f"{time.perf_counter() - t0:.0f} s]",
-            flush=True,
+        return (
+            f"final {f['final']:.3f} (base {f['base']:.3f}), AUC {f['auc']:.3f}, reward rise "
+            f"{f['reward_rise']:+.3f}, judge rise {f['judge_rise']:+.3f}"
         )
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(36, describe))
     t = table(runs, names, seeds)
     md = markdown(t, seeds, a.steps)
-    print(md)
-    Path(a.out).write_text(json.dumps({"steps": a.steps, "seeds": seeds, **t}, indent=1) + "\n")
-    if a.markdown:
-        Path(a.markdown).write_text(md)
+    lab.write_results(a.out, {"steps": a.steps, "seeds": seeds, **t}, md, a.markdown)
 
 
 if __name__ == "__main__":

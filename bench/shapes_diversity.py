@@ -1,6 +1,6 @@
 """Reward against diversity on the GenEval-shaped world, where there is room for it (issue 40).
 
-    .venv/bin/python bench/shapes_diversity.py [--seeds 0-4] [--steps 60] [--jobs 2]
+    .venv/bin/python -m bench.shapes_diversity [--seeds 0-4] [--steps 60] [--jobs 2]
         [--variants "none;..."] [--fresh] [--out bench/results_shapes_diversity.json]
         [--markdown docs/shapes_diversity_table.md] [--plot docs/img/shapes_frontier.png]
 
@@ -23,17 +23,9 @@ the frontier plot puts every variant at (diversity kept, gain kept), seeds as er
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import toy_lab as lab  # noqa: E402
+from bench import toy_lab as lab
 
 CONFIG = "configs/shapes.yaml"
 COMMON = ["eval.every_steps=20", "logging.sample_grid_every_steps=0"]
@@ -113,10 +105,7 @@ def rows_of(runs: list[dict], names: list[str]) -> list[dict]:
     return rows
 
 
-def _ci(v: tuple[float, float], signed: bool = False, d: int = 3) -> str:
-    m, h = v
-    f = f"{{:{'+' if signed else ''}.{d}f}}"
-    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+_ci = lab.fmt_interval
 
 
 def markdown(rows: list[dict], runs: list[dict], steps: int) -> str:
@@ -172,43 +161,23 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seeds", default="0-4")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
-    ap.add_argument("--fresh", action="store_true")
-    ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_shapes_diversity.json"))
-    ap.add_argument("--markdown", default="")
+    ap = lab.experiment_parser(__doc__, "0-4", 60, "results_shapes_diversity.json")
     ap.add_argument("--plot", default="")
     a = ap.parse_args()
     names = lab.variants_of(a.variants, list(VARIANTS), REF)
     seeds = lab.seeds_of(a.seeds)
-    jobs = [
-        lab.Job(n, tuple(VARIANTS[n]), s, a.steps, config=CONFIG, extra=tuple(COMMON))
-        for s in seeds
-        for n in names
-    ]
-    t0 = time.perf_counter()
+    jobs = lab.seed_major_jobs(names, VARIANTS, seeds, a.steps, CONFIG, COMMON)
 
-    def done(r: dict, i: int, total: int) -> None:
+    def describe(r: dict) -> str:
         f = figures(r)
-        print(
-            f"{r['variant']:34s} seed {r['seed']}: gain {f['gain']:+.3f}, pairwise "
-            f"{f['pairwise']:.3f} (base {f['base_pairwise']:.3f}) ({r['wall_seconds']:.0f} s) "
-            f"[{i}/{total}, {time.perf_counter() - t0:.0f} s]",
-            flush=True,
+        return (
+            f"gain {f['gain']:+.3f}, pairwise {f['pairwise']:.3f} (base {f['base_pairwise']:.3f})"
         )
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=done)
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(34, describe))
     rows = rows_of(runs, names)
     md = markdown(rows, runs, a.steps)
-    print(md)
-    Path(a.out).write_text(
-        json.dumps({"steps": a.steps, "seeds": seeds, "rows": rows}, indent=1) + "\n"
-    )
-    if a.markdown:
-        Path(a.markdown).write_text(md)
+    lab.write_results(a.out, {"steps": a.steps, "seeds": seeds, "rows": rows}, md, a.markdown)
     if a.plot:
         plot(rows, a.plot)
 

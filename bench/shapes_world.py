@@ -1,7 +1,7 @@
 """The GenEval-shaped world's own figures: the judge's exactness, the reward model's agreement
 with the judge, and the base model per tag with its diversity.
 
-    .venv/bin/python bench/shapes_world.py [--config configs/shapes.yaml] [--samples 32]
+    .venv/bin/python -m bench.shapes_world [--config configs/shapes.yaml] [--samples 32]
         [--weights RUN/final_policy.safetensors] [--out bench/results_shapes_world.json]
 
 * **Detector exactness**: on ``--renders`` random scenes of every tag, the share whose detected
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -37,7 +36,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from maskgrpo_ray.algo.diversity import mean_pairwise_distance  # noqa: E402
 from maskgrpo_ray.worlds.shapes import judge, pretrain, scenes, tokenizer  # noqa: E402

@@ -1,8 +1,8 @@
 """Which unmasking steps carry the reward's signal: the per-step gradient's signal-to-noise.
 
-    .venv/bin/python bench/step_signal.py [--config configs/toy.yaml] [--batches 12]
+    .venv/bin/python -m bench.step_signal [--config configs/toy.yaml] [--batches 12]
         [--after-steps 0,40] [--set KEY=VALUE ...] [--out bench/results_step_signal.json]
-    .venv/bin/python bench/step_signal.py --config RUN/config.json --checkpoint RUN/checkpoints/step_000010
+    .venv/bin/python -m bench.step_signal --config RUN/config.json --checkpoint RUN/checkpoints/step_000010
         --probe-step 10          # a run's own probe (train.step_signal_every_steps), reproduced
 
 For the model after ``W`` training steps of the config (``--after-steps``; 0: the base model;
@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _policy_after(config: Path, overrides: list[str], steps: int):

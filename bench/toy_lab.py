@@ -18,6 +18,7 @@ elsewhere, so figures are compared paired by seed *on one machine*, never across
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -238,8 +239,13 @@ def t975(df: int) -> float:
 
 def fmt_ci(xs: Sequence[float], digits: int = 3, signed: bool = False) -> str:
     """``mean [lo, hi]`` of the 95% t-interval."""
-    m, h = interval(xs)
-    f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    return fmt_interval(interval(xs), signed, digits)
+
+
+def fmt_interval(v: tuple[float, float], signed: bool = False, d: int = 3) -> str:
+    """``mean [lo, hi]`` of a ``(mean, half-width)`` pair (:func:`interval`'s), ``d`` digits."""
+    m, h = v
+    f = f"{{:{'+' if signed else ''}.{d}f}}"
     return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
 
 
@@ -296,3 +302,62 @@ def variants_of(spec: str, known: Sequence[str], reference: str) -> list[str]:
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {list(known)}")
     return names if reference in names else [reference, *names]
+
+
+# ----------------------------------------------------------------------------- the scripts' parts
+
+
+def experiment_parser(doc: str, seeds: str, steps: int, results: str) -> argparse.ArgumentParser:
+    """The flags every seeded experiment takes: ``--seeds``, ``--steps``, ``--variants``,
+    ``--jobs``, ``--fresh`` (ignore cached runs), ``--out`` (default ``bench/RESULTS``),
+    ``--markdown`` (write the table there too)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    ap.add_argument("--out", default=str(ROOT / "bench" / results))
+    ap.add_argument("--markdown", default="")
+    return ap
+
+
+def seed_major_jobs(
+    names: Sequence[str],
+    variants: dict[str, Sequence[str]],
+    seeds: Sequence[int],
+    steps: int,
+    config: str,
+    extra: Sequence[str] = (),
+) -> list[Job]:
+    """Every (seed, variant) run, seed by seed (a sweep cut short has whole seeds: paired)."""
+    return [
+        Job(n, tuple(variants[n]), s, steps, config=config, extra=tuple(extra))
+        for s in seeds
+        for n in names
+    ]
+
+
+def write_results(
+    out: str, record: dict, md: str, markdown: str = "", indent: int | None = 1
+) -> None:
+    """Print the table ``md``, write ``record`` to ``out`` (JSON) and ``md`` to ``markdown``."""
+    print(md)
+    Path(out).write_text(json.dumps(record, indent=indent) + "\n")
+    if markdown:
+        Path(markdown).write_text(md)
+
+
+def progress(width: int, describe: Callable[[dict], str]) -> Callable[[dict, int, int], None]:
+    """:func:`run_jobs`' ``on_done``: one line a finished run: its variant and seed,
+    ``describe(run)``, its wall time, how many are done and the seconds since this call."""
+    t0 = time.perf_counter()
+
+    def done(r: dict, i: int, total: int) -> None:
+        print(
+            f"{r['variant']:{width}s} seed {r['seed']:3d}: {describe(r)} "
+            f"({r['wall_seconds']:.0f} s) [{i}/{total}, {time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
+
+    return done

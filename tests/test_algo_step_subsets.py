@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_runs import TOY_G3
 
 from maskgrpo_ray.algo.grpo import select_group_steps, select_train_steps
 from maskgrpo_ray.config import load_config
@@ -22,7 +23,7 @@ from maskgrpo_ray.pipeline.phases import generate
 from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
-SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]
+SMALL = TOY_G3
 
 
 def _batch(policy, b: int = 2) -> TrainBatch:

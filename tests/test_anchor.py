@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from tiny_runs import TOY_G3
 
 from maskgrpo_ray.config import ConfigError, load_config
 from maskgrpo_ray.pipeline.build import build_policy
@@ -29,7 +30,7 @@ from maskgrpo_ray.pipeline.phases import generate
 from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
-SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]
+SMALL = TOY_G3
 ANCHORED = [
     *SMALL,
     "train.unmasking_step_selection=last",

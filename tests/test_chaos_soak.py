@@ -8,19 +8,18 @@ resume with the same command after the newest checkpoint was cut in half.
 It must end like the fault-free run with the same seed: every step once in metrics.jsonl, no
 group lost or trained twice, the figures equal and the final weights bit-equal; every death is
 counted in the row metrics, and the cut checkpoint is named in one line before the previous
-one is used. The long soak is ``bench/chaos_soak.py`` (figures in docs/operations.md).
+one is used. The long soak is ``bench/chaos_soak.py`` (figures in docs/fault_drill.md).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import chaos_soak
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import chaos_soak  # noqa: E402
 
 
 def test_the_plan_covers_every_kind_and_moment_once_on_distinct_steps():

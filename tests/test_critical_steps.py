@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from tiny_runs import TOY_G3
 
 from maskgrpo_ray.algo.grpo import critical_steps, prediction_agreement
 from maskgrpo_ray.cli import main
@@ -25,7 +26,7 @@ from maskgrpo_ray.pipeline.phases import generate
 from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
-SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]
+SMALL = TOY_G3
 
 
 def test_prediction_agreement_by_hand():

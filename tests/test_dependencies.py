@@ -164,6 +164,7 @@ def test_every_import_of_the_package_is_declared(project, dists_of):
 def test_tests_benchmarks_and_docs_scripts_import_only_declared_packages(project, dists_of):
     files = sources("tests", "bench", "docs")
     local = {p.stem for p in files}  # tests' and benchmarks' own helper modules
+    local |= {p.parent.name for p in files if p.name == "__init__.py"}  # and bench/, a package
     problems = [
         p
         for p in undeclared(files, project, dists_of, allowed_extras={"dev"})

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from tiny_runs import TINY_BASE, sets, tiny_toy
 
 from maskgrpo_ray.algo.diversity import (
     CEILING,
@@ -67,15 +68,8 @@ def test_the_embedding_is_the_heaviest_component_that_has_one():
     assert set(group_diversity(_images([[1] * 16]), 1, None)) == {DISTINCT}
 
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=2",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=4",
-    "logging.progress_bar=false",
-    "run.export_final_policy=false",
-]
+EVAL_SAMPLES = "eval.samples_per_prompt=4"
+SMALL = tiny_toy(2, 3, EVAL_SAMPLES, "run.export_final_policy=false", warmup=False)
 
 
 def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch):
@@ -104,7 +98,7 @@ def test_training_rows_and_the_eval_report_carry_diversity(tmp_path, monkeypatch
     out = tmp_path / "eval"
     rc = main(
         ["eval", "--weights", "base", "--out", str(out), "--backend", "local"]
-        + [x for s in SMALL[:1] + SMALL[4:5] for x in ("--set", s)]
+        + sets([TINY_BASE, EVAL_SAMPLES])
     )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())

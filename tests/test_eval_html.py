@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_runs import NO_GRIDS, RAY_SHARES, tiny_toy
 
 from maskgrpo_ray.cli import main
 
@@ -200,20 +201,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-TRAIN_SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=3",
-    "train.prompts_per_step=4",
-    "rollout.num_actors=1",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-]
+TRAIN_SMALL = tiny_toy(3, 4, "rollout.num_actors=1", NO_GRIDS, *RAY_SHARES)
 EXPECTED = ("maskgrpo_steps_total", "maskgrpo_reward_mean", "maskgrpo_policy_version")
 
 

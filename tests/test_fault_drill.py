@@ -12,18 +12,13 @@ SIGTERM case is the Ray-backend interrupted-and-resumed run.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import fault_drill as drill
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fault_drill", ROOT / "bench" / "fault_drill.py")
-assert _spec is not None and _spec.loader is not None
-drill = importlib.util.module_from_spec(_spec)
-sys.modules["fault_drill"] = drill
-_spec.loader.exec_module(drill)
 
 REL = 1e-5
 

@@ -3,8 +3,6 @@ gain a recipe keeps, read off the paired interval, and the bar (>= 90% kept, low
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,9 @@ TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_
 
 @pytest.fixture(scope="module")
 def fr():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("frontier", ROOT / "bench" / "frontier.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import frontier
+
+    return frontier
 
 
 def test_keeps_by_hand(fr):

@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_runs import NO_GRIDS, ONE_OF_EACH, tiny_toy
+
+from bench import fault_drill  # (the drill's small toy run: its settings)
 
 ROOT = Path(__file__).parents[1]
 RAY = Path(sys.executable).with_name("ray")
 STEPS = 12
-sys.path.insert(0, str(ROOT / "bench"))
-import fault_drill  # noqa: E402  (the drill's small toy run: its settings)
 
 SETTINGS = [
     s
@@ -239,20 +240,7 @@ def test_driver_and_learner_killed_in_ray_jobs_end_bit_equal(tmp_path):
         head.stop()
 
 
-JOB_SMALL = [  # one actor of each kind: a job of a few steps that fits 2 cores quickly
-    "model.toy.pretrain_steps=20",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "rollout.num_actors=1",
-    "learner.num_workers=1",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-]
+JOB_SMALL = tiny_toy(None, 3, *ONE_OF_EACH, NO_GRIDS)  # a job of a few steps that fits 2 cores
 
 
 def _train_args(steps: int, *extra: str) -> list[str]:

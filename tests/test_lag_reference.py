@@ -17,28 +17,22 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_runs import NO_GRIDS, RAY_SHARES, tiny_toy
 
 from maskgrpo_ray.cli import main
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=4",
-    "train.prompts_per_step=4",
+SMALL = tiny_toy(
+    4,
+    4,
     "rollout.num_actors=2",  # two chunks of 2 prompts per call, on either backend
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
+    NO_GRIDS,
     # the monitors over windows short enough for 4 steps (their figures must match too)
     "logging.monitors.probe_every_steps=2",
     "logging.monitors.window_steps=2",
     "logging.monitors.probe_window=2",
     "logging.monitors.baseline_steps=1",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-]
+    *RAY_SHARES,
+)
 MONITORED = ("image/", "probe/", "agreement/", "monitor/")
 SAME_GROUPS = (  # what a step generated, decided and trained on: equal exactly
     "reward_mean",

@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from tiny_runs import NO_GRIDS, RAY_SHARES, TINY_BASE, crash_at_step, tiny_toy
 
 from maskgrpo_ray.config import LoraConfig, load_config
 from maskgrpo_ray.errors import UserError
@@ -191,17 +192,14 @@ def test_target_modules_that_match_nothing_name_the_field():
         LoraConfig(target_modules=[])
 
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=6",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
+SMALL = tiny_toy(
+    6,
+    3,
     "run.checkpoint_every_steps=2",
-    "logging.progress_bar=false",
     "model.lora={rank: 4, alpha: 8, target_modules: [qkv, proj, head], save_merged: true}",
     "train.learning_rate=3e-3",
-]
+    warmup=False,
+)
 
 
 def _args(run, extra=()):  # noqa: ANN001, ANN202
@@ -219,22 +217,12 @@ def test_a_lora_run_resumes_exactly_and_evaluates_from_its_adapter(tmp_path, mon
     from safetensors.torch import load_file
 
     from maskgrpo_ray.cli import main
-    from maskgrpo_ray.loop import driver
 
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(_args(full)) == 0
-    real = driver.run_step
-
-    def crashing(ex, cfg, step, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if step == 5:
-            raise KeyboardInterrupt("simulated preemption")
-        return real(ex, cfg, step, *args, **kw)
-
-    monkeypatch.setattr(driver, "run_step", crashing)
-    with pytest.raises(KeyboardInterrupt):
+    with crash_at_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         main(_args(cut))
-    monkeypatch.setattr(driver, "run_step", real)
     assert (cut / "checkpoints" / "step_000004" / "adapter" / "adapter_config.json").is_file()
     assert main(["train", "--resume", str(cut)]) == 0
     a, b = _rows(full), _rows(cut)
@@ -254,9 +242,9 @@ def test_a_lora_run_resumes_exactly_and_evaluates_from_its_adapter(tmp_path, mon
     from maskgrpo_ray.evaluation.weights import resolve_weights
 
     adapter = full / "final_adapter"
-    extra = adapter_overrides([str(adapter)], None, ["model.toy.pretrain_steps=20"])
+    extra = adapter_overrides([str(adapter)], None, [TINY_BASE])
     assert extra and "model.lora=" in extra[0]
-    cfg = load_config(None, ["model.toy.pretrain_steps=20", *extra])
+    cfg = load_config(None, [TINY_BASE, *extra])
     state, desc = resolve_weights(str(adapter), cfg, tmp_path / "scratch")
     assert "LoRA adapter" in desc and state.keys() == final_a.keys()
     assert all(torch.equal(state[k], final_a[k]) for k in state)
@@ -271,22 +259,15 @@ def test_a_lora_run_resumes_exactly_and_evaluates_from_its_adapter(tmp_path, mon
     assert report["means"]["run"] == report["means"]["adapter"]
 
 
-RAY_SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=3",
-    "train.prompts_per_step=4",
+RAY_SMALL = tiny_toy(
+    3,
+    4,
     "rollout.num_actors=2",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
+    NO_GRIDS,
+    *RAY_SHARES,
     "model.lora={rank: 4, alpha: 8, target_modules: [qkv, proj, head]}",
     "train.kl_coef=0.02",
-]
+)
 
 
 @pytest.mark.slow

@@ -17,15 +17,14 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from bench import fault_drill as drill
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import fault_drill as drill  # noqa: E402
 
 REL = 1e-5
 PINNED = [

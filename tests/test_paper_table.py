@@ -3,8 +3,6 @@ by the paired interval of the seeds' differences, and one seed makes no interval
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,9 @@ TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_
 
 @pytest.fixture(scope="module")
 def pt():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("paper_table", ROOT / "bench" / "paper_table.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import paper_table
+
+    return paper_table
 
 
 def _eval(score: float, div: float) -> dict[str, float]:

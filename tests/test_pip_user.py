@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from output_noise import third_party_warnings
+from tiny_runs import RAY_SHARES, tiny_toy
 
 import maskgrpo_ray as mg
 from maskgrpo_ray.cli import app as cli
@@ -93,18 +94,7 @@ def test_plan_cites_what_a_pip_user_has(capsys):
     )
 
 
-SHORT = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=3",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "rollout.num_actors=1",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-]
+SHORT = tiny_toy(3, 3, "rollout.num_actors=1", *RAY_SHARES, quiet=False)
 
 
 @pytest.mark.slow

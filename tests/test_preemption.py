@@ -15,33 +15,22 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_runs import NO_GRIDS, ONE_OF_EACH, tiny_toy
 
 from maskgrpo_ray.checkpoints.run_store import latest_checkpoint
 from maskgrpo_ray.loop.recovery import Preemption, StepAbandoned
 
 STEPS = 12
 GRACE_S = 20.0
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    f"train.steps={STEPS}",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
+SMALL = tiny_toy(
+    STEPS,
+    3,
     "run.checkpoint_every_steps=0",  # the only checkpoint is the one the signal makes
     f"run.preemption_grace_seconds={GRACE_S}",
-    "logging.progress_bar=false",
-]
+)
 
 
-RAY = [  # one actor of each kind, small CPU shares: the Ray run fits 2 cores
-    "rollout.num_actors=1",
-    "learner.num_workers=1",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-    "logging.sample_grid_every_steps=0",
-]
+RAY = [*ONE_OF_EACH, NO_GRIDS]  # one actor of each kind, small CPU shares: fits 2 cores
 
 
 def _command(run: Path, backend: str = "local") -> list[str]:
@@ -203,16 +192,27 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_step_that_would_overrun_the_grace_period_is_abandoned():
-    """A signal in a step with no time to finish it: StepAbandoned from the alarm, about when
-    the grace period minus the checkpoint reserve runs out, and the handlers come back."""
+def test_a_step_that_would_overrun_the_grace_period_is_abandoned(monkeypatch):
+    """A signal in a step with no time to finish it: StepAbandoned from the alarm, armed to
+    fire when the grace period minus the checkpoint reserve runs out, and the handlers come
+    back. No wall-clock bound a busy machine can break: the alarm's budget is read where it is
+    armed, and the abandonment is the alarm's, not the signal's nor the step's end."""
     before = signal.getsignal(signal.SIGTERM)
     stop = Preemption(grace_s=1.0)
     stop.save_s = 0.2  # reserve = 0.2 * 1.5 + min(5, 0.1) = 0.4 s: abandon at about 0.6 s
+    armed: list[tuple[float, float]] = []  # (seconds, when) of each non-zero alarm armed
+    real_setitimer = signal.setitimer
+
+    def setitimer(which: int, seconds: float, *rest: float):  # noqa: ANN202
+        if which == signal.ITIMER_REAL and seconds > 0:
+            armed.append((seconds, time.monotonic()))
+        return real_setitimer(which, seconds, *rest)
+
+    monkeypatch.setattr(signal, "setitimer", setitimer)
     assert stop.install()
     try:
         t0 = time.monotonic()
-        with pytest.raises(StepAbandoned), stop.step():
+        with pytest.raises(StepAbandoned) as raised, stop.step():
             os.kill(os.getpid(), signal.SIGTERM)
             while time.monotonic() - t0 < 10:  # a step that would take 10 s
                 time.sleep(0.01)
@@ -220,7 +220,12 @@ def test_a_step_that_would_overrun_the_grace_period_is_abandoned():
     finally:
         stop.uninstall()
     assert stop.requested and stop.signal_name == "SIGTERM"
-    assert 0.5 < took < 2.0, took  # the alarm fires at 0.6 s; slack for a loaded machine
+    # one alarm, armed in the signal's handler for what is left of 1.0 - 0.4 s after the signal:
+    # budget = 0.6 - (t_arm - t_signal) with t_arm at or before the spy's clock reading
+    ((budget, t_arm),) = armed
+    assert 0.6 - (t_arm - stop.t_signal) - 1e-6 <= budget <= 0.6
+    assert raised.traceback[-1].name == "_on_alarm"  # the alarm ended the step, nothing else
+    assert took >= 0.5, took  # the alarm fires at 0.6 s after the signal, never before
     assert signal.getsignal(signal.SIGTERM) is before
 
 

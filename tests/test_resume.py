@@ -5,22 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_runs import ONE_OF_EACH, crash_at_step, sets, tiny_toy
 
 from maskgrpo_ray.checkpoints.run_store import latest_checkpoint, save_checkpoint
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.loop import driver
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=6",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "run.checkpoint_every_steps=2",
-    "run.keep_checkpoints=2",
-    "logging.progress_bar=false",
-]
+SMALL = tiny_toy(6, 3, "run.checkpoint_every_steps=2", "run.keep_checkpoints=2")
 COMPARED = (
     "reward_mean",
     "reward_std",
@@ -54,17 +44,8 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, ext
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(_args(full, extra=extra)) == 0
 
-    real_run_step = driver.run_step
-
-    def crashing(ex, cfg, step, *args, **kw):
-        if step == 5:  # after the checkpoint taken at the end of step 3 (next_step = 4)
-            raise KeyboardInterrupt("simulated preemption")
-        return real_run_step(ex, cfg, step, *args, **kw)
-
-    monkeypatch.setattr(driver, "run_step", crashing)
-    with pytest.raises(KeyboardInterrupt):
+    with crash_at_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         main(_args(cut, extra=extra))
-    monkeypatch.setattr(driver, "run_step", real_run_step)
     assert latest_checkpoint(cut).name == "step_000004"
     assert sorted(_rows(cut)) == [0, 1, 2, 3, 4]  # step 4 ran but is after the checkpoint
     assert main(["train", "--resume", str(cut)]) == 0
@@ -183,33 +164,11 @@ def test_ray_backend_resumes_to_identical_metrics(tmp_path, monkeypatch):
     """The same drill on the Ray backend: DeepSpeed checkpoint per learner rank, filter actor
     state, policy version; each `main` starts and stops its own local cluster."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    extra = [
-        "--set",
-        "rollout.num_actors=1",
-        "--set",
-        "learner.num_workers=1",
-        "--set",
-        "train.steps=4",
-        "--set",
-        "rollout.num_cpus_per_actor=0.25",
-        "--set",
-        "reward.num_cpus_per_actor=0.25",
-        "--set",
-        "learner.num_cpus_per_worker=0.25",
-    ]
+    extra = sets([*ONE_OF_EACH, "train.steps=4"])
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(_args(full, "ray") + extra) == 0
-    real_run_step = driver.run_step
-
-    def crashing(ex, cfg, step, *args, **kw):
-        if step == 3:
-            raise KeyboardInterrupt("simulated preemption")
-        return real_run_step(ex, cfg, step, *args, **kw)
-
-    monkeypatch.setattr(driver, "run_step", crashing)
-    with pytest.raises(KeyboardInterrupt):
+    with crash_at_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         main(_args(cut, "ray") + extra)
-    monkeypatch.setattr(driver, "run_step", real_run_step)
     assert latest_checkpoint(cut).name == "step_000002"
     assert main(["train", "--resume", str(cut)]) == 0
     a, b = _rows(full), _rows(cut)

@@ -14,6 +14,7 @@ import os
 import pytest
 import ray
 import torch
+from tiny_runs import NO_GRIDS, tiny_toy
 
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.loop import driver
@@ -166,19 +167,16 @@ def test_local_run_skips_failed_groups_and_logs_cumulative_counts(tmp_path, monk
     steps, b = 4, 3
     cfg = load_config(
         TOY,
-        [
+        tiny_toy(
+            steps,
+            b,
             "run.backend=local",
-            "model.toy.pretrain_steps=20",
-            f"train.steps={steps}",
-            f"train.prompts_per_step={b}",
             f"rollout.samples_per_prompt={G}",
-            "rollout.unmasking_steps=4",
             "filter.enabled=false",  # no drops and re-samples: one batch per step
             f"rollout.prompts_per_chunk={b}",  # one scored call per step (a raise hits it all)
-            "eval.samples_per_prompt=1",
-            "logging.progress_bar=false",
-            "logging.sample_grid_every_steps=0",
-        ],
+            NO_GRIDS,
+            warmup=False,
+        ),
     )
     train_prompts = load_prompts("toy", "train")
     plan = PromptStream(train_prompts, cfg.run.seed, cfg.data.shuffle)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import NO_GRIDS, tiny_toy
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.loop.staleness import (
@@ -73,16 +74,7 @@ def test_onpolicy_check_at_lag_zero_only(caplog):
     assert row == {"staleness/lag_max": 1.0}
 
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=4",
-    "train.prompts_per_step=4",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-]
+SMALL = tiny_toy(4, 4, NO_GRIDS)
 
 
 def _rows(tmp_path: Path, lag: int) -> list[dict]:

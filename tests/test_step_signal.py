@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_runs import NO_GRIDS, RAY_SHARES, crash_at_step, tiny_toy
 
 from maskgrpo_ray.algo.step_signal import (
     select_by_signal,
@@ -183,24 +184,18 @@ def test_probe_and_auto_mistakes_end_in_one_line(sets, match):
 
 # ------------------------------------------------------------------ runs
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.prompts_per_step=4",
+SMALL = tiny_toy(
+    None,
+    4,
     "rollout.num_actors=2",
-    "rollout.unmasking_steps=4",
     "train.unmasking_step_selection=all",
     "train.unmasking_steps_trained=0",
-    "eval.samples_per_prompt=1",
     "eval.every_steps=0",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=0",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
+    NO_GRIDS,
+    *RAY_SHARES,
     "train.step_signal_batches=3",
     "train.step_signal_prompts_per_batch=2",
-]
+)
 
 
 def _bench():
@@ -306,7 +301,6 @@ def test_auto_resumes_with_its_selection(tmp_path, monkeypatch):
     selection from the probe of step 0; the next probe at step 3) resumes to the weights and
     selections of the uninterrupted run."""
     from maskgrpo_ray.checkpoints.run_store import latest_checkpoint
-    from maskgrpo_ray.loop import driver
 
     sets = [
         "train.steps=5",
@@ -316,17 +310,8 @@ def test_auto_resumes_with_its_selection(tmp_path, monkeypatch):
         "run.checkpoint_every_steps=2",
     ]
     full = _train(tmp_path / "full", "local", sets)
-    real_run_step = driver.run_step
-
-    def crashing(ex, cfg, step, *args, **kw):
-        if step == 3:
-            raise KeyboardInterrupt("simulated preemption")
-        return real_run_step(ex, cfg, step, *args, **kw)
-
-    monkeypatch.setattr(driver, "run_step", crashing)
-    with pytest.raises(KeyboardInterrupt):
+    with crash_at_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         _train(tmp_path / "cut", "local", sets)
-    monkeypatch.setattr(driver, "run_step", real_run_step)
     assert latest_checkpoint(tmp_path / "cut").name == "step_000002"
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
     cut = [json.loads(x) for x in (tmp_path / "cut/metrics.jsonl").read_text().splitlines()]

@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tiny_runs import crash_at_step, tiny_toy
 
 from maskgrpo_ray.checkpoints.storage import MANIFEST, CheckpointError, CheckpointStore
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.loop import driver
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -189,16 +189,7 @@ def test_cli_refuses_to_restart_over_corrupt_checkpoints(tmp_path, capsys, monke
 
 # ----------------------------------------------------------------------------- training on S3
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=4",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "run.checkpoint_every_steps=2",
-    "logging.progress_bar=false",
-]
+SMALL = tiny_toy(4, 3, "run.checkpoint_every_steps=2")
 COMPARED = (
     "reward_mean",
     "reward_std",
@@ -224,17 +215,6 @@ def _rows(run: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
-def _crash_at(monkeypatch, crash_step: int) -> None:
-    real = driver.run_step
-
-    def crashing(ex, cfg, step, *args, **kw):
-        if step == crash_step:
-            raise KeyboardInterrupt("simulated node loss")
-        return real(ex, cfg, step, *args, **kw)
-
-    monkeypatch.setattr(driver, "run_step", crashing)
-
-
 def _assert_same_steps(full: Path, resumed: Path, steps: range, rel: float) -> None:
     a, b = _rows(full), _rows(resumed)
     assert sorted(b) == list(steps)  # a fresh folder: only the steps run after the resume
@@ -254,11 +234,11 @@ def test_local_run_resumes_from_s3_into_a_fresh_run_dir(s3_server, tmp_path, mon
     storage = "run.storage=s3://train-local/runs/toy"
     full, cut, fresh = tmp_path / "full", tmp_path / "cut", tmp_path / "fresh"
     assert main(_args(full)) == 0
-    real = driver.run_step
-    _crash_at(monkeypatch, 3)
-    with pytest.raises(KeyboardInterrupt):
+    with (
+        crash_at_step(monkeypatch, 3, "simulated node loss"),
+        pytest.raises(KeyboardInterrupt),
+    ):
         main(_args(cut, storage))
-    monkeypatch.setattr(driver, "run_step", real)
     assert not (cut / "checkpoints").exists()  # nothing local: the bucket holds them
     assert CheckpointStore("s3://train-local/runs/toy").latest() == "step_000002"
     with caplog.at_level(logging.INFO, logger="maskgrpo"):
@@ -293,11 +273,11 @@ def test_ray_run_resumes_from_s3_into_a_fresh_run_dir(
 
     full, cut, fresh = tmp_path / "full", tmp_path / "cut", tmp_path / "fresh"
     assert main(args(full)) == 0
-    real = driver.run_step
-    _crash_at(monkeypatch, 3)
-    with pytest.raises(KeyboardInterrupt):
+    with (
+        crash_at_step(monkeypatch, 3, "simulated node loss"),
+        pytest.raises(KeyboardInterrupt),
+    ):
         main(args(cut, storage))
-    monkeypatch.setattr(driver, "run_step", real)
     store = CheckpointStore("s3://train-ray/runs/toy")
     assert store.latest() == "step_000002"
     names = sorted(p.rsplit("/", 1)[-1] for p in store.fs.find(f"{store.root}/step_000002/learner"))

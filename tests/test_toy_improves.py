@@ -1,7 +1,7 @@
 """The embedded default's promise, on three seeds: every one learns (held-out accuracy up by
 >= 0.35 to >= 0.75) and keeps more than one image per prompt (distinct >= 0.03 of 32).
 
-On the machine that chose the default, seeds 0-4 end at 0.83-0.98 (README); another machine's
+On the machine that chose the default, seeds 0-4 end in the README's range; another machine's
 float rounding takes a seed elsewhere, so the floors leave room. The diversity floor is what the
 default holds, not what one would want: a prompt's 32 samples collapse onto about two images
 (docs/diversity.md says why, and what trades accuracy for diversity).

@@ -19,23 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_runs import crash_at_step, tiny_toy
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.loop import driver
 from maskgrpo_ray.runlog.trackers import TensorBoardTracker, flatten, numbers
 
 PKG = Path(__file__).resolve().parents[1] / "maskgrpo_ray"
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=4",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "run.checkpoint_every_steps=2",
-    "logging.progress_bar=false",
-    "logging.sample_grid_every_steps=2",
-]
+SMALL = tiny_toy(4, 3, "run.checkpoint_every_steps=2", "logging.sample_grid_every_steps=2")
 ALL = "logging.trackers=[tensorboard, wandb, mlflow]"
 
 
@@ -63,18 +53,9 @@ def resumed(tmp_path_factory):
         mp.setenv("WANDB_SILENT", "true")
         mp.delenv("WANDB_API_KEY", raising=False)
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        real = driver.run_step
-
-        def crashing(ex, cfg, step, *args, **kw):
-            if step == 3:
-                raise KeyboardInterrupt("simulated crash")
-            return real(ex, cfg, step, *args, **kw)
-
-        mp.setattr(driver, "run_step", crashing)
-        with pytest.raises(KeyboardInterrupt):
+        with crash_at_step(mp, 3, "simulated crash"), pytest.raises(KeyboardInterrupt):
             main(_args(run, ALL))
         assert sorted(_rows(run)) == [0, 1, 2]
-        mp.setattr(driver, "run_step", real)
         assert main(["train", "--resume", str(run)]) == 0
     assert sorted(_rows(run)) == [0, 1, 2, 3]
     assert "tracker_failures" not in json.loads((run / "summary.json").read_text())
@@ -259,7 +240,7 @@ def test_a_default_run_imports_no_tracker_library(tmp_path):
         "from maskgrpo_ray.config import load_config\n"
         "cfg = load_config('configs/toy.yaml')\n"
         "assert cfg.logging.trackers == []\n"
-        "with run_log.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
+        "with metrics.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
         "    [], {}, cfg.model_dump(mode='json'), 0, 'x'):\n"
         "    pass\n"
         "print([m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard')"
@@ -292,4 +273,4 @@ def test_only_the_trackers_module_imports_a_tracker_library_and_only_the_driver_
             if isinstance(node, ast.Attribute) and node.attr == "tracking":
                 openers.add(path.relative_to(PKG).as_posix())
     assert importers == {"trackers.py"}
-    assert openers == {"loop/driver.py"}  # the driver process; actors never hold a tracker
+    assert openers == {"step/driver.py"}  # the driver process; actors never hold a tracker

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tiny_runs import sets, tiny_toy
 
 from maskgrpo_ray.algo.grpo import select_train_steps
 from maskgrpo_ray.cli import main
@@ -113,31 +114,9 @@ def test_train_step_selection_counts_pairs():
 def test_local_train_run_writes_all_outputs(tmp_path, monkeypatch):
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--config",
-            "configs/toy.yaml",
-            "--backend",
-            "local",
-            "--run-dir",
-            str(run),
-            "--set",
-            "model.toy.pretrain_steps=20",
-            "--set",
-            "train.steps=3",
-            "--set",
-            "train.prompts_per_step=3",
-            "--set",
-            "rollout.unmasking_steps=4",
-            "--set",
-            "eval.samples_per_prompt=1",
-            "--set",
-            "logging.sample_grid_every_steps=2",
-            "--set",
-            "filter.warmup_groups=2",
-        ]
-    )
+    overrides = tiny_toy(3, 3, "logging.sample_grid_every_steps=2", quiet=False)
+    args = ["train", "--config", "configs/toy.yaml", "--backend", "local", "--run-dir", str(run)]
+    code = main([*args, *sets(overrides)])
     assert code == 0
     summary = json.loads((run / "summary.json").read_text())
     for key in ("base_accuracy", "final_accuracy", "steps", "wall_seconds", "samples_per_second"):

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from tiny_runs import TOY_G3
 
 from maskgrpo_ray.algo.estimators import shrunk_rows
 from maskgrpo_ray.config import load_config
@@ -26,7 +27,7 @@ from maskgrpo_ray.pipeline.settings import settings_from_config
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
 ALL = "train.unmasking_step_selection=all"
-SMALL = ["model.toy.pretrain_steps=30", "rollout.unmasking_steps=4", "rollout.samples_per_prompt=3"]
+SMALL = TOY_G3
 
 
 def _batch(policy, gumbel: float = 0.0) -> TrainBatch:

@@ -30,20 +30,9 @@ from pathlib import Path
 import pytest
 from fresh_env import CPU_INDEX, ROOT, FreshEnv, make_fresh_env, pip_section, run_line
 from output_noise import third_party_warnings
+from tiny_runs import RAY_SHARES, tiny_toy
 
-SMALL = [
-    "model.toy.pretrain_steps=20",
-    "train.steps=2",
-    "train.prompts_per_step=3",
-    "rollout.unmasking_steps=4",
-    "eval.samples_per_prompt=1",
-    "filter.warmup_groups=2",
-    "logging.progress_bar=false",
-    "rollout.num_actors=1",
-    "rollout.num_cpus_per_actor=0.25",
-    "reward.num_cpus_per_actor=0.25",
-    "learner.num_cpus_per_worker=0.25",
-]
+SMALL = tiny_toy(2, 3, "rollout.num_actors=1", *RAY_SHARES)
 OPTIONAL = ("pyarrow", "torch_fidelity", "tensorboard", "wandb", "mlflow", "s3fs", "ImageReward")
 TIMES: dict[str, float] = {}
 
@@ -79,6 +68,9 @@ def test_the_wheel_holds_the_package_its_rooms_and_the_built_in_configs(fresh):
         for p in (ROOT / folder).rglob("*.py")
     }
     expected |= {f"maskgrpo_ray/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}
+    shipped = ROOT / "maskgrpo_ray" / "worlds" / "pretrained"  # the worlds' pre-trained weights
+    expected |= {f"maskgrpo_ray/worlds/pretrained/{p.name}" for p in shipped.glob("*.safetensors")}
+    expected.add("maskgrpo_ray/worlds/pretrained/manifest.json")
     assert len(expected) > 100 and expected <= names, sorted(expected - names)
     assert "maskgrpo_ray/py.typed" in names
     assert not [n for n in names if n.split("/")[0] in ("actors", "learner", "tests", "configs")]

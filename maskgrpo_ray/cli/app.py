@@ -39,14 +39,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="maskgrpo", description=__doc__)
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        help=f"show the traceback of a user error too (or set {DEBUG_ENV}=1)",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_train(sub: Any) -> str:
+    """``maskgrpo train``'s arguments; returns the ``--config`` help the other commands share."""
     t = sub.add_parser("train", help="run Mask-GRPO training")
     config_help = "a YAML file or a built-in config's name, e.g. toy (maskgrpo configs list)"
     t.add_argument("--config", default=None, help=f"{config_help}; default: toy's values")
@@ -73,6 +67,23 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="'local' runs the single-process baseline (same as --set run.backend=local)",
     )
+    t.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's whole summary (RUN_DIR/summary.json) as JSON before its last line",
+    )
+    return config_help
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="maskgrpo", description=__doc__)
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"show the traceback of a user error too (or set {DEBUG_ENV}=1)",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    config_help = _add_train(sub)
     for name, helptext in (
         ("scale", "change a running job's rollout actor count at its next step"),
         ("status", "print a running job's last step status"),
@@ -346,10 +357,11 @@ def _run(args: argparse.Namespace) -> int:
     if COMPLETE in summary:  # the run was complete: the one line said so, nothing changed
         print(f"run directory: {run_dir}")
         return 0
-    print(json.dumps(summary, indent=2))
-    if not summary.get("completed", True):
-        print(f"stopped early by {summary.get('stopped_by')}; run the same command to resume")
-    print(f"run directory: {run_dir}")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    from maskgrpo_ray.cli.ending import ending_lines
+
+    print("\n".join(ending_lines(summary, run_dir)))
     return 0
 
 

@@ -19,15 +19,14 @@ import math
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from maskgrpo_ray.worlds import pretrained
 from maskgrpo_ray.worlds.shapes import scenes, tokenizer
 from maskgrpo_ray.worlds.shapes.policy import PolicySpec, ShapesPolicy, WorldSpec
-from maskgrpo_ray.worlds.toy.model import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,23 +67,18 @@ def fit_world_codebook(world: WorldSpec) -> torch.Tensor:
     )
 
 
-def _atomic_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # atomic: concurrent builders never see a partial file
-
-
 def load_or_fit_codebook(world: WorldSpec) -> torch.Tensor:
-    """The world's codebook uint8 ``[V, p, p, 3]``, cached by the world's spec."""
-    path = cache_dir() / f"shapes-codebook-{world.key()}.pt"
-    if path.exists():
-        from maskgrpo_ray.weights.safe_files import load_torch_file
-
-        return load_torch_file(path, "the cached shapes codebook")["codebook"]
-    log.warning("no cached shapes codebook at %s: learning it from the renders now (once)", path)
+    """The world's codebook uint8 ``[V, p, p, 3]``: shipped for the default world, else cached
+    by the world's spec, else learned now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
+    found = pretrained.find("shapes-codebook", world.key(), "the shapes codebook")
+    if found is not None:
+        return found["codebook"]
+    path = pretrained.cache_path("shapes-codebook", world.key())
+    log.warning(
+        "no shipped or cached shapes codebook at %s: learning it from the renders now (once)", path
+    )
     codebook = fit_world_codebook(world)
-    _atomic_save({"codebook": codebook}, path)
+    pretrained.store("shapes-codebook", world.key(), {"codebook": codebook})
     return codebook
 
 
@@ -157,16 +151,17 @@ def pretrain(spec: PolicySpec, codebook: torch.Tensor, log_every: int = 500) -> 
 
 
 def load_or_pretrain(spec: PolicySpec) -> ShapesPolicy:
-    """The pre-trained base policy, cached by its spec (the world's included)."""
+    """The pre-trained base policy: shipped for the default spec, else cached by its spec (the
+    world's included), else pre-trained now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
     codebook = load_or_fit_codebook(spec.world)
-    path = cache_dir() / f"shapes-base-{spec.cache_key()}.pt"
+    key = spec.cache_key()
     model = ShapesPolicy(spec, codebook)
-    if path.exists():
-        from maskgrpo_ray.weights.safe_files import load_torch_file
-
-        model.load_state_dict(load_torch_file(path, "the cached shapes base model"))
+    found = pretrained.find("shapes-base", key, "the shapes base model")
+    if found is not None:
+        model.load_state_dict(found)
         return model.eval()
-    log.warning("no cached shapes base model at %s: pre-training it now (once)", path)
+    path = pretrained.cache_path("shapes-base", key)
+    log.warning("no shipped or cached shapes base model at %s: pre-training it now (once)", path)
     model = pretrain(spec, codebook)
-    _atomic_save(model.state_dict(), path)
+    pretrained.store("shapes-base", key, model.state_dict())
     return model

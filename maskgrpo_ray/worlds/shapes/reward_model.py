@@ -260,19 +260,20 @@ def train_reward_model(spec: RewardModelSpec) -> ShapesClip:
 
 
 def load_or_train(spec: RewardModelSpec) -> ShapesClip:
-    """The trained reward model, cached by its spec."""
-    from maskgrpo_ray.weights.safe_files import load_torch_file
-    from maskgrpo_ray.worlds.shapes.pretrain import _atomic_save
-    from maskgrpo_ray.worlds.toy.model import cache_dir
+    """The trained reward model: shipped for the default spec, else cached by its spec, else
+    trained now (:mod:`maskgrpo_ray.worlds.pretrained`)."""
+    from maskgrpo_ray.worlds import pretrained
 
-    path = cache_dir() / f"shapes-reward-{spec.cache_key()}.pt"
+    key = spec.cache_key()
     model = ShapesClip(spec)
-    if path.exists():
-        model.load_state_dict(load_torch_file(path, "the cached shapes reward model"))
+    found = pretrained.find("shapes-reward", key, "the shapes reward model")
+    if found is not None:
+        model.load_state_dict(found)
         return model.eval().requires_grad_(False)
-    log.warning("no cached shapes reward model at %s: training it now (once)", path)
+    path = pretrained.cache_path("shapes-reward", key)
+    log.warning("no shipped or cached shapes reward model at %s: training it now (once)", path)
     model = train_reward_model(spec)
-    _atomic_save(model.state_dict(), path)
+    pretrained.store("shapes-reward", key, model.state_dict())
     return model
 
 

@@ -14,11 +14,9 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +31,7 @@ from maskgrpo_ray.models.registry import (
     register_model,
     register_prompt_set,
 )
+from maskgrpo_ray.worlds import pretrained
 from maskgrpo_ray.worlds.toy import world as toyworld
 
 if TYPE_CHECKING:
@@ -203,26 +202,20 @@ def pretrain(spec: ToyModelSpec, log_every: int = 200) -> ToyPolicy:
     return model.eval()
 
 
-def cache_dir() -> Path:
-    """``$MASKGRPO_CACHE_DIR`` or ``~/.cache/maskgrpo-ray``."""
-    return Path(os.environ.get("MASKGRPO_CACHE_DIR", Path.home() / ".cache" / "maskgrpo-ray"))
-
-
 def load_or_pretrain(spec: ToyModelSpec) -> ToyPolicy:
-    """The pre-trained toy base model, cached by its spec so the demo and tests reuse it."""
-    path = cache_dir() / f"toy-base-{spec.cache_key()}.pt"
+    """The pre-trained toy base model: shipped with the package for the default spec, else
+    cached by its spec so the demo and tests reuse it, else pre-trained now
+    (:mod:`maskgrpo_ray.worlds.pretrained`)."""
+    key = spec.cache_key()
     model = ToyPolicy(spec)
-    if path.exists():
-        from maskgrpo_ray.weights.safe_files import load_torch_file
-
-        model.load_state_dict(load_torch_file(path, "the cached toy base model"))
+    found = pretrained.find("toy-base", key, "the toy base model")
+    if found is not None:
+        model.load_state_dict(found)
         return model.eval()
-    log.warning("no cached toy base model at %s: pre-training it now (once)", path)
+    path = pretrained.cache_path("toy-base", key)
+    log.warning("no shipped or cached toy base model at %s: pre-training it now (once)", path)
     model = pretrain(spec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)  # atomic: concurrent builders never see a partial file
+    pretrained.store("toy-base", key, model.state_dict())
     return model
 
 
