@@ -47,8 +47,8 @@ ROOMS: dict[str, tuple[str, set[str]]] = {
         {"errors", "extras", "prompts", "weights"},
     ),
     "worlds": (
-        "the embedded worlds (toy, shapes) and the simulated accelerator",
-        {"config", "models", "planner", "prompts", "rewards"},
+        "the embedded worlds (toy, shapes), their shipped weights, the simulated accelerator",
+        {"config", "errors", "models", "planner", "prompts", "rewards", "weights"},
     ),
     "pipeline": (
         "what a step is made of: settings, messages, phases, the update",

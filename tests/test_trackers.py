@@ -240,7 +240,7 @@ def test_a_default_run_imports_no_tracker_library(tmp_path):
         "from maskgrpo_ray.config import load_config\n"
         "cfg = load_config('configs/toy.yaml')\n"
         "assert cfg.logging.trackers == []\n"
-        "with metrics.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
+        "with run_log.RunLog(__import__('pathlib').Path(sys.argv[1])).tracking(\n"
         "    [], {}, cfg.model_dump(mode='json'), 0, 'x'):\n"
         "    pass\n"
         "print([m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard')"
@@ -273,4 +273,4 @@ def test_only_the_trackers_module_imports_a_tracker_library_and_only_the_driver_
             if isinstance(node, ast.Attribute) and node.attr == "tracking":
                 openers.add(path.relative_to(PKG).as_posix())
     assert importers == {"trackers.py"}
-    assert openers == {"step/driver.py"}  # the driver process; actors never hold a tracker
+    assert openers == {"loop/driver.py"}  # the driver process; actors never hold a tracker
