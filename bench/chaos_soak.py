@@ -208,11 +208,11 @@ class Chaos:
         real = {n: getattr(RayExecutor, n) for n in ("update", "sync_weights", "save", "load")}
         chaos = self
 
-        def run_step(ex, cfg, s, source, pending=None, *, ahead=0):  # noqa: ANN001, ANN202
+        def run_step(ex, settings, s, source, pending=None, *, ahead=0):  # noqa: ANN001, ANN202
             if ex not in chaos.executors:
                 chaos.executors.append(ex)
             chaos.step, chaos.ahead, chaos.in_step = s, ahead, True
-            if s >= cfg.train.steps - 1:  # no timer reaches the final evaluation
+            if s >= settings.steps - 1:  # no timer reaches the final evaluation
                 for t in chaos.timers:
                     t.cancel()
             f = chaos._due("start")
@@ -227,7 +227,7 @@ class Chaos:
                 chaos.timers.append(timer)
                 timer.start()
             try:
-                return real_step(ex, cfg, s, source, pending, ahead=ahead)
+                return real_step(ex, settings, s, source, pending, ahead=ahead)
             finally:
                 chaos.in_step = False
 

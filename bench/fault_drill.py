@@ -96,12 +96,12 @@ def fault_at(fault: str | None, step: int, record: dict[str, Any]) -> Iterator[N
 
     real = driver.run_step
 
-    def run_step(ex, cfg, s, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def run_step(ex, settings, s, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record["executor"] = ex
         if fault is not None and s == step and "t_fault" not in record:
             record["t_fault"] = time.monotonic()
             inject(fault, ex)
-        return real(ex, cfg, s, *args, **kw)
+        return real(ex, settings, s, *args, **kw)
 
     driver.run_step = run_step
     try:

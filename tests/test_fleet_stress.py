@@ -56,6 +56,7 @@ from maskgrpo_ray.loop import driver
 from maskgrpo_ray.loop.collect import GroupSource
 from maskgrpo_ray.pipeline.data_plane import Traffic
 from maskgrpo_ray.pipeline.messages import Chunk, ScoredBatch
+from maskgrpo_ray.pipeline.settings import step_settings
 from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -245,7 +246,7 @@ def stressed_run(ex, cfg, chaos: Chaos, rep: int) -> dict[str, Any]:
             chaos.refresh_pids()
             chaos.plan = chaos.rng.choice(MOMENTS)
             ahead = min(2, STEPS - 1 - j)
-            out, pending = driver.run_step(ex, cfg, j, source, pending, ahead=ahead)
+            out, pending = driver.run_step(ex, step_settings(cfg), j, source, pending, ahead=ahead)
             target = chaos.rng.choice((1, 2, 3))
             assert main(["scale", "--run", "fleetstress", "--rollout", str(target)]) == 0
             ex.on_step_end(j, out.row)
@@ -308,7 +309,7 @@ def replay(ex, cfg, rec: dict[str, Any], rep: int) -> dict[str, Any]:
     )
     rows = []
     for j in range(STEPS):
-        out, _ = driver.run_step(ex, cfg, j, source)
+        out, _ = driver.run_step(ex, step_settings(cfg), j, source)
         snaps[j + 1] = ex.learner.weights_ref()
         rows.append(out.row)
     return {"rows": rows, "weights": ex.policy_state()}

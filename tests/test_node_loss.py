@@ -81,7 +81,7 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
     real = driver.run_step
     record: dict = {}
 
-    def run_step(ex, cfg, s, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def run_step(ex, settings, s, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record["executor"] = ex
         if lose and s == drill.FAULT_STEP and "t_fault" not in record:
             if lose == "rollout":
@@ -109,7 +109,7 @@ def _run(tmp: Path, lose: str | None, cluster_and_nodes, on_removed=None) -> dic
             else:
                 handles = list(ex.learner.workers)
             record["nodes_after"] = [_node_of(h) for h in handles]
-        return real(ex, cfg, s, *args, **kw)
+        return real(ex, settings, s, *args, **kw)
 
     driver.run_step = run_step
     try:

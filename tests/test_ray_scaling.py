@@ -10,6 +10,7 @@ import pytest
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.loop import driver
+from maskgrpo_ray.pipeline.settings import step_settings
 from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
@@ -43,7 +44,7 @@ def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys
 
         def step(i):
             positions = list(range(stream.position, stream.position + cfg.train.prompts_per_step))
-            out, _ = driver.run_step(ex, cfg, i, source)
+            out, _ = driver.run_step(ex, step_settings(cfg), i, source)
             assert out.scored.rollout.prompt_indices == positions  # every prompt once, in order
             trained.extend(out.scored.rollout.prompt_indices)
             ex.on_step_end(i, out.row)
