@@ -52,6 +52,16 @@ def _time(fn: Any, device: torch.device, min_time_s: float) -> tuple[float, int]
     return statistics.median(times), len(times)
 
 
+def _row(
+    model: str, px: int, dtype: str, n: int, s: float, reps: int, **extra: Any
+) -> dict[str, Any]:
+    """One timed configuration's record (printed as it is made)."""
+    row = {"model": model, **extra, "px": px, "dtype": dtype, "batch": n, "seconds": s}
+    row |= {"s_per_image": s / n, "images_per_s": n / s, "repeats": reps}
+    print(row, flush=True)
+    return row
+
+
 def _autocast(device: torch.device, dtype: str) -> Any:
     if dtype == "float32":
         return torch.autocast(device.type, enabled=False)
@@ -76,19 +86,7 @@ def bench_clip(args: argparse.Namespace, device: torch.device) -> list[dict[str,
                         return model(x)
 
                 s, reps = _time(call, device, args.min_time_s)
-                rows.append(
-                    {
-                        "model": f"open_clip {name}",
-                        "px": px,
-                        "dtype": dtype,
-                        "batch": n,
-                        "seconds": s,
-                        "s_per_image": s / n,
-                        "images_per_s": n / s,
-                        "repeats": reps,
-                    }
-                )
-                print(rows[-1], flush=True)
+                rows.append(_row(f"open_clip {name}", px, dtype, n, s, reps))
         del model
     return rows
 
@@ -165,20 +163,7 @@ def bench_detector(args: argparse.Namespace, device: torch.device) -> list[dict[
                     )
                     torch.cuda.empty_cache()
                     continue
-                rows.append(
-                    {
-                        "model": "Mask2Former Swin-S",
-                        "params": params,
-                        "px": px,
-                        "dtype": dtype,
-                        "batch": n,
-                        "seconds": s,
-                        "s_per_image": s / n,
-                        "images_per_s": n / s,
-                        "repeats": reps,
-                    }
-                )
-                print(rows[-1], flush=True)
+                rows.append(_row("Mask2Former Swin-S", px, dtype, n, s, reps, params=params))
     return rows
 
 
