@@ -224,6 +224,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--config", default=pt.CONFIG, help="the world (default: the shapes world)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--commit", action="store_true", help="commit each record as it lands")
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_frontier.json"))
     ap.add_argument("--markdown", default="")
     ap.add_argument("--plot", default=str(lab.ROOT / "docs" / "img" / "frontier_shapes.png"))
@@ -255,7 +256,9 @@ def main() -> None:
         f = pt.figures(r)
         return f"gain {f['gain']:+.3f}, pairwise {f['pairwise']:.3f}"
 
-    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, on_done=lab.progress(44, describe))
+    runs = lab.run_jobs(
+        jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit, on_done=lab.progress(44, describe)
+    )
     rows = table(runs, names, seeds, world)
     md = markdown(rows, seeds, a.steps, a.config)
     record = {"config": a.config, "steps": a.steps, "seeds": seeds, "rows": rows}

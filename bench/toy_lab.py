@@ -7,10 +7,14 @@ Used by ``bench/diversity_sweep.py`` (reward against diversity) and ``bench/lear
 base and final held-out evaluations (accuracy, reward, the three diversity figures), the
 in-run evaluations (the held-out learning curve), the training reward per step, and the
 learner's and the rollout's seconds per step. A record is written to
-``bench/cache/<key>.json`` the moment its run ends: a rerun with more seeds or variants runs
-only what is missing (``--fresh`` ignores the cache). The key hashes the resolved config (the
-file with its overrides, validated: seed and steps included) and :data:`LAB_VERSION` (bump it
-when a change to the code changes what a run learns).
+``bench/records/<key>.json`` (small JSON, committed to the repository: ``--commit`` commits each
+one the moment its run ends, so a batch cut short resumes from the repository on any machine of
+the same kind) the moment its run ends: a rerun with more seeds or variants runs only what is
+missing (``--fresh`` ignores the records). The key hashes the resolved config's fields that
+differ from the config schema's defaults (the file with its overrides, validated: seed and steps
+included; a field added later at a default that keeps today's behaviour keeps every record) and
+:data:`LAB_VERSION` (bump it when a change to the code, or to a schema default, changes what a
+run learns).
 
 A run is deterministic on one machine; another machine's float rounding takes the same seed
 elsewhere, so figures are compared paired by seed *on one machine*, never across machines.
@@ -19,6 +23,7 @@ elsewhere, so figures are compared paired by seed *on one machine*, never across
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / "cache"
-LAB_VERSION = 1  # bump when a code change changes what a seeded run learns
+CACHE = ROOT / "bench" / "records"  # committed: small JSON, one a finished run
+LAB_VERSION = 2  # bump when a code change (or a schema default) changes what a seeded run learns
 
 EVAL_KEYS = (
     "eval_accuracy",
@@ -89,15 +94,71 @@ class Job:
         return cfg.model_dump(mode="json")
 
     def key(self) -> str:
-        """The cache key: the resolved config (so a default moved from the YAML into an
-        override, or the reverse, keeps its runs; its ``evidence`` section, which cites a
-        result and cannot change one, at its default) and :data:`LAB_VERSION`."""
-        from maskgrpo_ray.config import EvidenceConfig
-
-        resolved = self.resolved()  # the evidence a config cites cannot change what a run learns
-        resolved["evidence"] = EvidenceConfig().model_dump(mode="json")
-        blob = json.dumps([LAB_VERSION, resolved], sort_keys=True, separators=(",", ":"))
+        """The record's key: the resolved config's fields that differ from the schema's
+        defaults (so a default moved from the YAML into an override, or the reverse, keeps its
+        runs, and so does a field added later at a default that keeps today's behaviour; the
+        ``evidence`` section, which cites a result and cannot change one, left out) and
+        :data:`LAB_VERSION`."""
+        resolved = self.resolved()
+        resolved.pop(
+            "evidence", None
+        )  # the evidence a config cites cannot change what a run learns
+        changed = non_default(resolved, schema_defaults())
+        blob = json.dumps([LAB_VERSION, changed], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every config field's schema default as ``{"section.field": value}`` (JSON values; a
+    field without a default is absent)."""
+    from pydantic import BaseModel
+
+    from maskgrpo_ray.config import Config
+
+    out: dict[str, Any] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+            elif not f.is_required():
+                v = f.get_default(call_default_factory=True)
+                # a default with no JSON form: its field is always in the key
+                with contextlib.suppress(TypeError):
+                    out[f"{prefix}{name}"] = json.loads(json.dumps(_jsonable(v)))
+
+    walk(Config, "")
+    return out
+
+
+def _jsonable(v: Any) -> Any:
+    from pydantic import BaseModel
+
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def non_default(resolved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The flattened ``resolved`` config's fields whose value is not the schema default."""
+    flat: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            path = f"{prefix}{k}"
+            if path in defaults:  # a field with a default: kept where it differs
+                if defaults[path] != v:
+                    flat[path] = v
+            elif isinstance(v, dict):  # a section: its fields
+                walk(v, path + ".")
+            else:  # a field without a default (or one whose default has no JSON form)
+                flat[path] = v
+
+    walk(resolved, "")
+    return flat
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -145,7 +206,24 @@ def run_job(job: Job) -> dict[str, Any]:
         "step_seconds": _mean(r.get("step_seconds") for r in rows),
         # the learner's model input rows per image and update (NaN in records made before it)
         "forward_passes_per_sample": _mean(r.get("forward_passes_per_sample") for r in rows),
+        "base_eval_seconds": s.get("base_eval_seconds"),
+        "final_eval_seconds": s.get("final_eval_seconds"),
+        "monitors": s.get("monitors"),  # each alarm's first step, where any fired
+        # every step's numeric figures (timings and byte counts left out), so monitors and
+        # alarm rules can be re-read and re-judged offline without running the run again
+        "rows": [_slim(r) for r in rows],
     }
+
+
+def _slim(row: dict[str, Any]) -> dict[str, float]:
+    """A metrics row's finite numbers, 6 significant digits, without ``time/*`` and ``bytes/*``."""
+    out: dict[str, float] = {}
+    for k, v in row.items():
+        if k.startswith(("time/", "bytes/")) or isinstance(v, bool):
+            continue
+        if isinstance(v, int | float) and math.isfinite(float(v)):
+            out[k] = float(f"{float(v):.6g}")
+    return out
 
 
 def _eval_key(key: str) -> bool:
@@ -179,9 +257,11 @@ def run_jobs(
     cache: Path = CACHE,
     fresh: bool = False,
     on_done: Callable[[dict[str, Any], int, int], None] | None = None,
+    commit: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every job's record, from the cache or run now (``n_jobs`` processes, spawn), in the
-    order of ``jobs``. Each new record is cached as soon as its run ends."""
+    """Every job's record, from the records or run now (``n_jobs`` processes, spawn), in the
+    order of ``jobs``. Each new record is written as soon as its run ends (and, with
+    ``commit``, committed to the repository's current branch, that file alone)."""
     cache.mkdir(parents=True, exist_ok=True)
     found: dict[Job, dict[str, Any]] = {}
     if not fresh:
@@ -190,17 +270,39 @@ def run_jobs(
             if rec is not None:
                 found[j] = rec
     todo = [j for j in dict.fromkeys(jobs) if j not in found]
+    print(f"{len(found)} of {len(found) + len(todo)} runs recorded; {len(todo)} to run", flush=True)
     if todo:
         _pretrain(todo)
         done = 0
         with mp.get_context("spawn").Pool(n_jobs, maxtasksperchild=1) as pool:
             for job, rec in pool.imap_unordered(_worker, todo):
-                (cache / f"{job.key()}.json").write_text(json.dumps(rec) + "\n")
+                path = cache / f"{job.key()}.json"
+                path.write_text(json.dumps(rec) + "\n")
+                if commit:
+                    commit_record(path, f"{job.variant}, seed {job.seed}, {job.steps} steps")
                 found[job] = rec
                 done += 1
                 if on_done is not None:
                     on_done(rec, done, len(todo))
     return [found[j] for j in jobs]
+
+
+def commit_record(path: Path, what: str) -> None:
+    """Commit one record file (and nothing else) to the checkout's current branch; a failure
+    is said in one line and the batch goes on (the record stays on disk)."""
+    import subprocess
+
+    git = ["git", "-C", str(ROOT)]
+    try:
+        subprocess.run([*git, "add", "--", str(path)], check=True, capture_output=True)
+        subprocess.run(
+            [*git, "commit", "-q", "-m", f"bench record: {what} ({path.stem})", "--", str(path)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        print(f"record {path.name} not committed: {err.decode(errors='replace').strip() or e}")
 
 
 def _pretrain(jobs: Sequence[Job]) -> None:
@@ -316,7 +418,10 @@ def experiment_parser(doc: str, seeds: str, steps: int, results: str) -> argpars
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--variants", default="", help="names separated by ';' (default: all)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    ap.add_argument("--fresh", action="store_true", help="ignore recorded runs")
+    ap.add_argument(
+        "--commit", action="store_true", help="commit each run's record as it lands (git)"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / results))
     ap.add_argument("--markdown", default="")
     return ap
@@ -354,9 +459,12 @@ def progress(width: int, describe: Callable[[dict], str]) -> Callable[[dict, int
     t0 = time.perf_counter()
 
     def done(r: dict, i: int, total: int) -> None:
+        spent = time.perf_counter() - t0
+        left = (total - i) * spent / i
         print(
             f"{r['variant']:{width}s} seed {r['seed']:3d}: {describe(r)} "
-            f"({r['wall_seconds']:.0f} s) [{i}/{total}, {time.perf_counter() - t0:.0f} s]",
+            f"({r['wall_seconds']:.0f} s) [{i}/{total}, {spent:.0f} s; {total - i} left, "
+            f"~{left / 60:.0f} min]",
             flush=True,
         )
 

@@ -191,6 +191,7 @@ class _Loop:
     probe: StepSignalProbe | None = None  # train.step_signal_every_steps
     monitor: Monitor | None = None  # logging.monitors
     base_grid: Path | None = None  # samples/eval_tags_base.png, drawn before the trackers open
+    eval_seconds: dict[str, float] = field(default_factory=dict)  # "base", "final": wall seconds
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
@@ -249,7 +250,9 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
+    t0 = time.perf_counter()
     loop.base = _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
+    loop.eval_seconds["base"] = time.perf_counter() - t0
     log.info("base model: %s", loop.base)
     loop.base_grid = _tag_grid(loop, "base")
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
@@ -414,7 +417,9 @@ def _run(
 def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict[str, Any]:
     """The final evaluation, the exported policy, the reward curve and ``summary.json``."""
     cfg, ex = loop.cfg, loop.ex
+    t0 = time.perf_counter()
     final = _evaluate(cfg, ex, loop.eval_prompts)
+    loop.eval_seconds["final"] = time.perf_counter() - t0
     log.info("tuned model: %s", final)
     _tag_grid(loop, "final")
     if cfg.run.export_final_policy:
@@ -429,6 +434,8 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
         cfg, ex.policy_version, start_step, loop.base, final, loop.totals, t_start
     )
     summary["eval_prompts"] = len(loop.eval_prompts)
+    # the held-out evaluations' wall seconds (the base's absent on a resumed run)
+    summary.update({f"{k}_eval_seconds": v for k, v in loop.eval_seconds.items()})
     summary["completed"] = True
     loop.runlog.write_summary(summary)
     return summary

@@ -1,0 +1,143 @@
+"""Issue 53's sweep: does a recipe learn on every seed of the GenEval-shaped world, and do the
+alarms see the seeds where it fails?
+
+    .venv/bin/python -m bench.recipe_sweep [--seeds 0-4] [--steps 60] [--variants "..."]
+        [--jobs 1] [--commit] [--out bench/results_recipe_sweep.json]
+        [--markdown docs/recipe_sweep.md]
+
+Every variant is ``configs/shapes.yaml`` with its overrides and the Table 3 bench's settings
+(``bench/paper_table.py``'s ``COMMON``: the same records as its "Mask-GRPO" row and the
+frontier's reference), one run per seed through ``bench/toy_lab.py`` (records kept and
+committed as they land, resumable). Seeds 0-4 choose a recipe, 10-19 confirm it (never seen
+while choosing); 5-9 are held back.
+
+Per run: the judge's gain (the held-out GenEval proxy, ``eval_accuracy/tag_mean``, final minus
+base), the learned reward's held-out change (``eval_reward``, final minus base: GRPO lowering its
+own reward is a failure), the share of the base's pairwise layout diversity kept
+(``eval_diversity/pairwise``), and the alarms that fired with their first step. A run is
+*failed* when it ends below its base, its learned reward falls, or it keeps under 75% of its
+base's diversity. Per variant: how many seeds failed, the mean gain (95% t-interval), the paired
+gain against the first variant, and the alarms' record on the failed and the healthy runs (an
+alarm is *timely* when its first step is before 40).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from bench import paper_table as pt
+from bench import toy_lab as lab
+
+CONFIG = pt.CONFIG
+DEFAULT = "default (shapes.yaml)"
+KEEP_DIVERSITY = 0.75  # of the base's pairwise diversity
+ALARM_BY = 40  # an alarm before this step is in time
+
+VARIANTS: dict[str, list[str]] = {
+    DEFAULT: [],
+    "lr 2e-4": ["train.learning_rate=2e-4"],
+    "lr 1e-4": ["train.learning_rate=1e-4"],
+    "KL 0.01": ["train.kl_coef=0.01"],
+    "updates 2 (clip acts)": ["train.updates_per_batch=2"],
+    "B 16": ["train.prompts_per_step=16"],
+}
+
+
+def per_run(r: dict) -> dict:
+    """One run's verdict figures (see the module's docstring)."""
+    tag = lab.score_key(r)
+    gain = r["final"][tag] - r["base"][tag]
+    reward = r["final"].get("eval_reward", float("nan")) - r["base"].get("eval_reward", 0.0)
+    div_base = r["base"].get("eval_diversity/pairwise") or float("nan")
+    kept = r["final"].get("eval_diversity/pairwise", float("nan")) / div_base
+    alarms = ((r.get("monitors") or {}).get("alarms")) or {}
+    first = {k: v["first_step"] for k, v in alarms.items() if v.get("first_step") is not None}
+    failed = []
+    if gain < 0:
+        failed.append("below base")
+    if reward < 0:
+        failed.append("reward falls")
+    if kept < KEEP_DIVERSITY:
+        failed.append(f"diversity < {KEEP_DIVERSITY:.0%}")
+    timely = [k for k, s in first.items() if isinstance(s, int | float) and s < ALARM_BY]
+    return {"seed": r["seed"], "gain": gain, "reward_change": reward, "diversity_kept": kept,
+            "failed": failed, "alarms": first, "timely_alarms": timely}  # fmt: skip
+
+
+def table(runs: list[dict], names: list[str]) -> list[dict]:
+    rows = []
+    for n in names:
+        rs = [per_run(r) for r in lab.of(runs, n)]
+        if not rs:
+            continue
+        gains = [x["gain"] for x in rs]
+        failed = [x for x in rs if x["failed"]]
+        healthy = [x for x in rs if not x["failed"]]
+        paired = lab.paired(runs, n, names[0], lambda r: lab.score(r)) if n != names[0] else []
+        rows.append({
+            "variant": n, "overrides": VARIANTS.get(n, []), "runs": rs,
+            "seeds": [x["seed"] for x in rs], "failed": len(failed),
+            "gain": lab.interval(gains) if gains else None,
+            "min_gain": min(gains), "reward_rises": sum(x["reward_change"] > 0 for x in rs),
+            "min_diversity_kept": min(x["diversity_kept"] for x in rs),
+            "mean_diversity_kept": statistics.fmean(x["diversity_kept"] for x in rs),
+            "paired_vs_first": lab.interval(paired) if paired else None,
+            "failed_caught": sum(bool(x["timely_alarms"]) for x in failed),
+            "healthy_alarmed": sum(bool(x["alarms"]) for x in healthy),
+        })  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict], steps: int) -> str:
+    out = [
+        f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
+        "torch thread (world: shapes, this machine's rounding). Failed = below base, learned "
+        f"reward falls, or under {KEEP_DIVERSITY:.0%} of the base's pairwise diversity. "
+        f"Alarms: failed runs caught before step {ALARM_BY} / healthy runs alarmed.",
+        "",
+        "| variant | seeds | failed | gain (95% CI) | min gain | reward rises | diversity kept "
+        "(mean, min) | paired vs first | alarms: caught / false |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        gain = lab.fmt_interval(r["gain"], signed=True) if r["gain"] else "-"
+        pv = lab.fmt_interval(r["paired_vs_first"], signed=True) if r["paired_vs_first"] else "-"
+        n = len(r["seeds"])
+        out.append(
+            f"| {r['variant']} | {n} | {r['failed']} | {gain} | {r['min_gain']:+.3f} | "
+            f"{r['reward_rises']}/{n} | {r['mean_diversity_kept']:.0%}, "
+            f"{r['min_diversity_kept']:.0%} | {pv} | {r['failed_caught']}/{r['failed']} / "
+            f"{r['healthy_alarmed']}/{n - r['failed']} |"
+        )
+    out += ["", "Per seed (gain, reward change, diversity kept, failures, alarms' first step):", ""]
+    for r in rows:
+        out.append(f"- {r['variant']}: " + "; ".join(
+            f"{x['seed']}: {x['gain']:+.3f}, {x['reward_change']:+.2f}, "
+            f"{x['diversity_kept']:.0%}{' ' + '/'.join(x['failed']) if x['failed'] else ''}"
+            f"{' ' + str(x['alarms']) if x['alarms'] else ''}"
+            for x in r["runs"]
+        ))  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = lab.experiment_parser(__doc__ or "", "0-4", 60, "results_recipe_sweep.json")
+    a = ap.parse_args()
+    names = lab.variants_of(a.variants, list(VARIANTS), DEFAULT)
+    seeds = lab.seeds_of(a.seeds)
+    jobs = lab.seed_major_jobs(names, VARIANTS, seeds, a.steps, CONFIG, pt.COMMON)
+
+    def describe(r: dict) -> str:
+        x = per_run(r)
+        return (f"gain {x['gain']:+.3f}, reward {x['reward_change']:+.2f}, diversity "
+                f"{x['diversity_kept']:.0%} {'/'.join(x['failed']) or 'ok'}")  # fmt: skip
+
+    runs = lab.run_jobs(jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit,
+                        on_done=lab.progress(24, describe))  # fmt: skip
+    rows = table(runs, names)
+    lab.write_results(a.out, {"config": CONFIG, "steps": a.steps, "rows": rows},
+                      markdown(rows, a.steps), a.markdown)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
