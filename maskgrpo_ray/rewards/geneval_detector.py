@@ -7,8 +7,10 @@ that does, and what :class:`Mask2FormerDetector` does the same way on transforme
 
 - input (the config's test pipeline): resize keeping the ratio into (1333, 800) (``mmcv``'s
   ``rescale_size``: scale ``min(1333 / long side, 800 / short side)``, sides ``int(x * s +
-  0.5)``; bilinear, the result rounded to uint8 as cv2 writes it), normalise with ImageNet's mean
-  and std in 0-255, pad bottom/right to a multiple of 32;
+  0.5)``; bilinear, the result rounded to uint8 as cv2 writes it), pad bottom/right with the
+  value 128 to a multiple of 32, then normalise with ImageNet's mean and std in 0-255 (the 2.x
+  instance config, ``mask2former_r50_lsj_8x2_50e_coco.py``: ``pad_cfg = dict(img=(128, 128,
+  128), ...)`` and ``Pad(size_divisor=32, pad_val=pad_cfg)`` before ``Normalize``);
 - output (``MaskFormerFusionHead.instance_postprocess``, ``max_per_image=100``): the class
   softmax without the no-object column over ``queries x classes``, its top 100 pairs; each
   pair's mask logits upsampled (bilinear) to the padded input, cropped to the resized image,
@@ -20,9 +22,10 @@ Boxes come from the masks, as mmdetection's Mask2Former makes them; transformers
 ``post_process_instance_segmentation`` is not used: it resizes every mask to 384 x 384
 before thresholding, keeps no padding information and returns no boxes.
 
-What is not the evaluator's: the weights (transformers' conversion of the original Mask2Former
-Swin-S COCO instance release, not the mmdetection checkpoint), torch's bilinear resize for
-cv2's, and float rounding. Only masks of the classes a prompt names are upsampled: the rule
+What is not the evaluator's: the weights unless the folder is ``official`` (GenEval's own
+mmdetection checkpoint converted by ``maskgrpo geneval convert-detector``; the hub's
+``facebook/mask2former-swin-small-coco-instance`` is Meta's Detectron2 training of the same
+architecture), torch's bilinear resize for cv2's, and float rounding. Only masks of the classes a prompt names are upsampled: the rule
 reads no other class, and the top-100 selection is made over all classes first, so the
 result for those classes is the same.
 
@@ -51,6 +54,7 @@ MMDET_MEAN = (123.675, 116.28, 103.53)  # RGB, 0-255 (the config's img_norm_cfg)
 MMDET_STD = (58.395, 57.12, 57.375)
 TEST_SCALE = (1333, 800)  # (long side limit, short side limit): the test pipeline's img_scale
 SIZE_DIVISOR = 32
+PAD_VALUE = 128.0  # pixels, before Normalize (the 2.x instance config's pad_cfg img value)
 MAX_PER_IMAGE = 100
 
 # COCO label spellings of other releases -> GenEval's (evaluation/object_names.txt)
@@ -119,19 +123,21 @@ def detector_input(
     images: torch.Tensor, scale: tuple[int, int] = TEST_SCALE
 ) -> tuple[torch.Tensor, tuple[int, int]]:
     """uint8 ``[N, H, W, 3]`` -> (normalised float ``[N, 3, Hp, Wp]`` padded to
-    :data:`SIZE_DIVISOR`, the resized ``(h, w)`` before padding)."""
+    :data:`SIZE_DIVISOR`, the resized ``(h, w)`` before padding). The padding is
+    :data:`PAD_VALUE` in pixels, normalised with the image (mmdetection 2.x pads before it
+    normalises)."""
     n, h, w, _ = images.shape
     rh, rw = resized_size(h, w, scale)
     x = images.permute(0, 3, 1, 2).float()  # [N, 3, H, W]
     if (rh, rw) != (h, w):
         x = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False)
         x = x.round().clamp(0, 255)  # cv2 writes uint8
-    mean = x.new_tensor(MMDET_MEAN).view(1, 3, 1, 1)
-    std = x.new_tensor(MMDET_STD).view(1, 3, 1, 1)
-    x = (x - mean) / std
     ph = -(-rh // SIZE_DIVISOR) * SIZE_DIVISOR
     pw = -(-rw // SIZE_DIVISOR) * SIZE_DIVISOR
-    return F.pad(x, (0, pw - rw, 0, ph - rh), value=0.0), (rh, rw)
+    x = F.pad(x, (0, pw - rw, 0, ph - rh), value=PAD_VALUE)
+    mean = x.new_tensor(MMDET_MEAN).view(1, 3, 1, 1)
+    std = x.new_tensor(MMDET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std, (rh, rw)
 
 
 def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
@@ -221,9 +227,11 @@ class _Mask2Former(nn.Module):
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 HOW = (
-    "  - Point `detector` at a local copy of facebook/mask2former-swin-small-coco-instance "
-    "(config.json and model.safetensors), or at hf://facebook/mask2former-swin-small-coco-"
-    "instance with MASKGRPO_ALLOW_DOWNLOADS=1 where the hub is reachable."
+    "  - `detector: official` is GenEval's own checkpoint after `maskgrpo geneval "
+    "convert-detector PATH.pth`; or point `detector` at a local copy of facebook/mask2former-"
+    "swin-small-coco-instance (config.json and model.safetensors; Meta's Detectron2 training), "
+    "or at hf://facebook/mask2former-swin-small-coco-instance with MASKGRPO_ALLOW_DOWNLOADS=1 "
+    "where the hub is reachable."
 )
 
 
