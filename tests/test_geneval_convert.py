@@ -214,3 +214,46 @@ def test_mmdets_position_index_is_transformers():
     got = [v for k, v in layer.named_buffers() if k.endswith("relative_position_index")]
     assert len(got) == 1
     torch.testing.assert_close(got[0].reshape(-1), mmdet_position_index(7).reshape(-1))
+
+
+def test_agreement_script_counts_decisions_per_tag(tmp_path, capsys):
+    """bench/geneval_agreement.py on tiny models: the official side is our own judgement with
+    one decision flipped, so exactly that image differs; paths are found under --images when
+    the evaluator ran elsewhere."""
+    import numpy as np
+    from PIL import Image
+
+    from bench.geneval_agreement import main as agreement
+    from maskgrpo_ray.rewards.geneval import GenEvalScorer
+    from maskgrpo_ray.rewards.geneval_colour import save_tiny_clip_folder
+    from maskgrpo_ray.rewards.geneval_detector import save_tiny_random_mask2former
+
+    d2 = {"computer mouse": "mouse", "tv remote": "remote", "computer keyboard": "keyboard"}
+    det = save_tiny_random_mask2former(tmp_path / "det", [d2.get(c, c) for c in GENEVAL_CLASSES])
+    clip = save_tiny_clip_folder(tmp_path / "clip")
+    g = torch.Generator().manual_seed(3)
+    imgs = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=g)
+    metas = [{"tag": t, "include": [{"class": c, "count": 1}], "prompt": f"a photo of a {c}"}
+             for t, c in [("single_object", "dog"), ("single_object", "cat"),
+                          ("counting", "dog"), ("counting", "tv")]]  # fmt: skip
+    ours = GenEvalScorer(det, clip, None, device="cpu", detector_scale=(64, 48)).judge(imgs, metas)
+    lines = []
+    for i, (meta, j) in enumerate(zip(metas, ours, strict=True)):
+        rel = Path(f"{i:05d}") / "samples" / "0000.png"
+        (tmp_path / "images" / rel).parent.mkdir(parents=True)
+        Image.fromarray(np.asarray(imgs[i])).save(tmp_path / "images" / rel)
+        lines.append({"filename": f"/elsewhere/images/{rel}", "tag": meta["tag"],
+                      "correct": j.correct != (i == 2), "reason": "", "metadata": json.dumps(meta)})  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    report = agreement(["--results", str(tmp_path / "results.jsonl"), "--images",
+                        str(tmp_path / "images"), "--detector", det, "--colour-model", clip,
+                        "--colour-pretrained", "none", "--detector-scale", "64", "48",
+                        "--device", "cpu"])  # fmt: skip
+    tab = report["detectors"][det]["per_tag"]
+    assert tab["single_object"]["agreement"] == 1.0 and tab["counting"]["differ"] == 1
+    assert tab["overall"] == pytest.approx({"images": 4, "agreement": 0.75, "differ": 1,
+        "official_accuracy": tab["overall"]["official_accuracy"],
+        "ours_accuracy": float(np.mean([j.correct for j in ours]))})  # fmt: skip
+    assert [d["filename"].endswith("00002/samples/0000.png")
+            for d in report["detectors"][det]["differences"]] == [True]  # fmt: skip
+    assert "counting" in capsys.readouterr().out
