@@ -257,3 +257,48 @@ def test_agreement_script_counts_decisions_per_tag(tmp_path, capsys):
     assert [d["filename"].endswith("00002/samples/0000.png")
             for d in report["detectors"][det]["differences"]] == [True]  # fmt: skip
     assert "counting" in capsys.readouterr().out
+
+
+def test_a_transformers_4_checkpoint_loads_as_the_same_model(tmp_path):
+    """The hub's facebook/mask2former-* files were written by transformers 4.x (Swin keys
+    ``encoder.encoder.layers.*.attention.self.query``, as transformers' own Mask2Former
+    conversion script names them); the detector renames them to the installed 5.x model."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from maskgrpo_ray.rewards.geneval_detector import save_tiny_random_mask2former
+
+    d2 = {"computer mouse": "mouse", "tv remote": "remote", "computer keyboard": "keyboard"}
+    new = Path(
+        save_tiny_random_mask2former(tmp_path / "v5", [d2.get(c, c) for c in GENEVAL_CLASSES])
+    )
+    sw = "model.pixel_level_module.encoder."
+    back = [(".attention.relative_position_bias.relative_position_bias_table",
+             ".attention.self.relative_position_bias_table"),
+            (".attention.q_proj.", ".attention.self.query."),
+            (".attention.k_proj.", ".attention.self.key."),
+            (".attention.v_proj.", ".attention.self.value."),
+            (".attention.o_proj.", ".attention.output.dense."),
+            (".mlp.fc1.", ".intermediate.dense."), (".mlp.fc2.", ".output.dense.")]  # fmt: skip
+    old = {}
+    for k, v in load_file(str(new / "model.safetensors")).items():
+        if k.startswith(sw + "swin.layernorm."):
+            continue  # 4.x's SwinBackbone had none
+        if k.startswith(sw + "swin."):
+            k = sw + k[len(sw + "swin.") :]
+            for a, b in back:
+                k = k.replace(a, b)
+        old[k] = v
+    for k in [k for k in old if k.endswith("attention.self.relative_position_bias_table")]:
+        old[k.replace("bias_table", "index")] = mmdet_position_index(4).reshape(16, 16)
+    assert any(".attention.self.query." in k for k in old)
+    (tmp_path / "v4").mkdir()
+    shutil.copy(new / "config.json", tmp_path / "v4" / "config.json")
+    save_file(old, str(tmp_path / "v4" / "model.safetensors"))
+    a = Mask2FormerDetector(new, GENEVAL_CLASSES, torch.device("cpu"), scale=(64, 48))
+    b = Mask2FormerDetector(tmp_path / "v4", GENEVAL_CLASSES, torch.device("cpu"), scale=(64, 48))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for ta, tb in zip(a.net(x), b.net(x), strict=True):
+            torch.testing.assert_close(ta, tb, rtol=0, atol=0)

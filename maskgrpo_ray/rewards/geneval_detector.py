@@ -38,6 +38,7 @@ safetensors only.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ from torch import nn
 
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.rewards.weights import missing
+
+log = logging.getLogger(__name__)
 
 MMDET_MEAN = (123.675, 116.28, 103.53)  # RGB, 0-255 (the config's img_norm_cfg)
 MMDET_STD = (58.395, 57.12, 57.375)
@@ -269,6 +272,45 @@ def _state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+SWIN = "model.pixel_level_module.encoder."
+# transformers 4.x's Swin keys -> 5.x's (transformers' conversion_mapping.py, "swin" and
+# "SwinBackbone"): the hub's facebook/mask2former-* checkpoints were written by 4.x
+LEGACY_SWIN = (
+    (".attention.self.relative_position_bias_table", ".attention.relative_position_bias.relative_position_bias_table"),  # noqa: E501
+    (".attention.self.query.", ".attention.q_proj."),
+    (".attention.self.key.", ".attention.k_proj."),
+    (".attention.self.value.", ".attention.v_proj."),
+    (".attention.output.dense.", ".attention.o_proj."),
+    (".intermediate.dense.", ".mlp.fc1."),
+    (".output.dense.", ".mlp.fc2."),
+)  # fmt: skip
+
+
+def current_layout(state: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
+    """Rename, in place, a checkpoint of transformers 4.x's layout (``encoder.embeddings``,
+    ``encoder.encoder.layers...attention.self.query``) to the installed 5.x model's
+    (``encoder.swin...attention.q_proj``), drop its ``relative_position_index`` buffers (5.x
+    computes them) and fill ``swin.layernorm`` (new in 5.x, never read by the backbone) as an
+    identity norm. Returns whether it was the old layout."""
+    old = [k for k in state if k.startswith((SWIN + "embeddings.", SWIN + "encoder."))]
+    if not old:
+        return False
+    for key in old:
+        value = state.pop(key)
+        if key.endswith("relative_position_index"):
+            continue
+        new = SWIN + "swin." + key[len(SWIN) :]
+        for a, b in LEGACY_SWIN:
+            new = new.replace(a, b)
+        state[new] = value
+    for key, value in want.items():
+        if key.startswith(SWIN + "swin.layernorm.") and key not in state:
+            state[key] = (
+                torch.ones_like(value) if key.endswith("weight") else torch.zeros_like(value)
+            )
+    return True
+
+
 class Mask2FormerDetector:
     """Mask2Former for COCO instance segmentation, run as mmdetection's test procedure.
 
@@ -301,6 +343,8 @@ class Mask2FormerDetector:
         self.num_labels = len(id2label)
         net = _Mask2Former(config)
         state = {k: v for k, v in _state_dict(folder).items() if not k.startswith("criterion.")}
+        if current_layout(state, net.state_dict()):
+            log.info("GenEval detector %s: transformers 4.x key layout, renamed to 5.x's", folder)
         missing_keys, unexpected = net.load_state_dict(state, strict=False)
         if missing_keys or unexpected:
             raise UserError(
