@@ -25,9 +25,11 @@ The reward kind ``geneval`` (:class:`GenEvalReward`) reads each image's metadata
   distance; ours is GenEval's own rule, clause by clause.)
 - ``correct``: GenEval's 0/1 correctness.
 
-Its ``accuracy`` is always the 0/1 correctness: the training loop logs it, and the evaluation
-inside a run reports it per tag (``eval_accuracy/<tag>``) and as GenEval's overall
-(``eval_accuracy/tag_mean``).
+Its ``accuracy`` is always the 0/1 correctness: the training loop logs it. The evaluation inside
+a run reports GenEval per tag (``eval_accuracy/<tag>``) and as GenEval's overall
+(``eval_accuracy/tag_mean``) from ``eval.geneval``'s scorer, a second instance of this class
+with its own detector (``official`` by default), not from the reward's
+(:mod:`maskgrpo_ray.pipeline.geneval_judge`).
 """
 
 from __future__ import annotations
