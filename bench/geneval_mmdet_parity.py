@@ -133,38 +133,87 @@ def write_fixture(model: torch.nn.Module, config_path: str) -> None:
     print(f"wrote {FIXTURE} ({len(keys)} keys)")
 
 
+def compare(config_path: str, side: tuple[int, int], seed: int) -> dict[str, list[float]]:
+    """Max absolute differences, mmdetection's model against the converted one on one random
+    input: per backbone stage, per prediction's class and mask logits; with each one's scale."""
+    from maskgrpo_ray.rewards.geneval_convert import convert_detector
+
+    model = build_mmdet(config_path, seed)
+    x = torch.randn(1, 3, *side, generator=torch.Generator().manual_seed(seed + 1))
+    with tempfile.TemporaryDirectory() as root, torch.no_grad():
+        ckpt = Path(root) / "random.pth"
+        torch.save({"meta": {"CLASSES": ("person",)}, "state_dict": model.state_dict()}, ckpt)
+        convert_detector(ckpt, Path(root) / "converted")
+        theirs = mmdet_logits(model, x)
+        ours = ours_logits(str(Path(root) / "converted"), x)
+    out: dict[str, list[float]] = {"backbone": [], "class": [], "mask": [], "scale": []}
+    for key, i in (("backbone", 2), ("class", 0), ("mask", 1)):
+        for t, o in zip(theirs[i], ours[i], strict=True):
+            out[key].append((t - o).abs().max().item())
+            out["scale"].append(t.abs().max().item())
+    return out
+
+
+def compare_pipeline(config_path: str, seed: int, top: int = 20) -> dict[str, float]:
+    """The whole inference, image to detections: mmdetection's ``inference_detector`` (its test
+    pipeline: resize, ``Pad(size_divisor=32, pad_val=128)``, ``Normalize``; its
+    ``instance_postprocess``) against :class:`Mask2FormerDetector` on the converted weights, on
+    one 800 x 1000 image (no resize at (1333, 800), 24 columns of padding). Over the ``top``
+    detections by score: the largest score difference, the largest box-corner difference (px),
+    and whether the labels are the same."""
+    _no_compiled_ops()
+    from mmcv import Config
+    from mmdet.apis import inference_detector
+
+    from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES
+    from maskgrpo_ray.rewards.geneval_convert import convert_detector
+    from maskgrpo_ray.rewards.geneval_detector import Mask2FormerDetector
+
+    model = build_mmdet(config_path, seed)
+    model.cfg = Config.fromfile(config_path)
+    g = torch.Generator().manual_seed(seed + 2)
+    rgb = torch.randint(0, 256, (800, 1000, 3), dtype=torch.uint8, generator=g)
+    with tempfile.TemporaryDirectory() as root, torch.no_grad():
+        ckpt = Path(root) / "random.pth"
+        torch.save({"state_dict": model.state_dict()}, ckpt)
+        convert_detector(ckpt, Path(root) / "converted")
+        det = Mask2FormerDetector(Path(root) / "converted", GENEVAL_CLASSES, torch.device("cpu"))
+        ours = det.detect(rgb[None], [set(GENEVAL_CLASSES)])[0]
+        bbox_results, _ = inference_detector(model, rgb.numpy()[:, :, ::-1].copy())  # BGR
+    theirs = [(float(b[4]), c, b[:4].tolist()) for c, bs in enumerate(bbox_results) for b in bs]
+    mine = [(float(b[4]), int(c), b[:4].tolist()) for b, c in zip(ours.boxes, ours.labels)]
+    theirs, mine = sorted(theirs, reverse=True)[:top], sorted(mine, reverse=True)[:top]
+    return {
+        "score": max(abs(a[0] - b[0]) for a, b in zip(theirs, mine, strict=True)),
+        "box_px": max(
+            max(abs(x - y) for x, y in zip(a[2], b[2], strict=True))
+            for a, b in zip(theirs, mine, strict=True)
+        ),
+        "same_labels": float([a[1] for a in theirs] == [b[1] for b in mine]),
+        "top_score": theirs[0][0],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mmdet-config", required=True, help="mmdetection 2.x's config file")
     ap.add_argument("--side", type=int, nargs=2, default=[256, 224], help="input H W")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-fixture", action="store_true")
+    ap.add_argument("--pipeline", action="store_true", help="also image -> detections")
     args = ap.parse_args()
-    from maskgrpo_ray.rewards.geneval_convert import convert_detector
-
-    model = build_mmdet(args.mmdet_config, args.seed)
     if args.write_fixture:
-        write_fixture(model, args.mmdet_config)
-    x = torch.randn(1, 3, *args.side, generator=torch.Generator().manual_seed(args.seed + 1))
-    with tempfile.TemporaryDirectory() as root, torch.no_grad():
-        ckpt = Path(root) / "random.pth"
-        torch.save({"meta": {"CLASSES": ("person",)}, "state_dict": model.state_dict()}, ckpt)
-        source = convert_detector(ckpt, Path(root) / "converted")
-        theirs = mmdet_logits(model, x)
-        ours = ours_logits(str(Path(root) / "converted"), x)
-    print(f"converted {source['file']} (sha256 {source['sha256'][:12]}...), input {args.side}")
-    for i, (tf, of) in enumerate(zip(theirs[2], ours[2], strict=True)):
-        d = (tf - of).abs().max().item()
-        print(f"backbone stage {i + 1}: max |diff| {d:.2e} (scale {tf.abs().max():.2f})")
-    worst = 0.0
-    for i, (tc, tm, oc, om) in enumerate(zip(*theirs[:2], *ours[:2], strict=True)):
-        dc, dm = (tc - oc).abs().max().item(), (tm - om).abs().max().item()
-        worst = max(worst, dc, dm)
-        print(
-            f"prediction {i}: class logits max |diff| {dc:.2e} (scale {tc.abs().max():.2f}), "
-            f"mask logits max |diff| {dm:.2e} (scale {tm.abs().max():.2f})"
-        )
-    print(f"worst max |diff| over all predictions: {worst:.2e}")
+        write_fixture(build_mmdet(args.mmdet_config, args.seed), args.mmdet_config)
+    got = compare(args.mmdet_config, tuple(args.side), args.seed)
+    scales = iter(got["scale"])
+    print(f"input {args.side}, seed {args.seed}: max |mmdetection - converted| (max |value|)")
+    for key in ("backbone", "class", "mask"):
+        for i, d in enumerate(got[key]):
+            print(f"{key:>8} {i}: {d:.2e} ({next(scales):.2f})")
+    print(f"worst: {max(got['backbone'] + got['class'] + got['mask']):.2e}")
+    if args.pipeline:
+        print("inference_detector vs Mask2FormerDetector, 800 x 1000 image, top 20 detections:")
+        print(compare_pipeline(args.mmdet_config, args.seed))
 
 
 if __name__ == "__main__":
