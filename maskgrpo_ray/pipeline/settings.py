@@ -19,6 +19,7 @@ from maskgrpo_ray.algo.grpo import LossGuards
 from maskgrpo_ray.config import Config, ModelConfig, RewardComponent, RewardConfig, RolloutConfig
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.registry import load_plugins, reward_defaults
+from maskgrpo_ray.pipeline.geneval_judge import judge_spec
 from maskgrpo_ray.rewards.base import EnsembleSpec, RewardSpec, reward_embeds
 
 if TYPE_CHECKING:
@@ -133,8 +134,8 @@ class RewardSettings:
     # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
     train_embedding: str | None = None
     ensemble: EnsembleSpec | None = None  # reward.ensemble
-    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (None:
-    # not asked for, or a geneval component of the reward already gives it)
+    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (its
+    # defaults with a geneval reward: a held-out judge, pipeline.geneval_judge; None: not asked)
     judge: RewardSpec | None = None
 
 
@@ -298,9 +299,7 @@ def _reward_settings(cfg: Config) -> RewardSettings:
     ensemble = None
     if e is not None:
         ensemble = EnsembleSpec(tuple(e.members), e.rule, e.std_coef, e.weight)
-    judge = None
-    if cfg.eval.geneval is not None and not any(s.kind == "geneval" for s in specs):
-        judge = RewardSpec("geneval", 0.0, cfg.eval.geneval.reward_args(), name="geneval_judge")
+    judge = judge_spec(cfg, specs)  # a geneval reward is judged by eval.geneval's scorer
     return RewardSettings(
         specs, cfg.reward.diversity_embedding, _train_embedding(cfg), ensemble=ensemble, judge=judge
     )
