@@ -215,6 +215,10 @@ class _Loop:
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
         if self.monitor is not None:
             row.update(self.monitor.observe(self.runlog.rows, row))
+            alarm = self.monitor.stops()
+            if alarm is not None and not stop.requested:  # logging.monitors.stop_on
+                stop.signal_name, stop.t_signal = f"monitor alarm {alarm!r}", time.monotonic()
+                log.warning("monitor alarm %r is in logging.monitors.stop_on: stopping", alarm)
         self.runlog.log_step(row)
         return row
 

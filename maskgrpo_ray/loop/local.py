@@ -24,6 +24,7 @@ from maskgrpo_ray.pipeline.learner_core import (
     apply_activation_checkpointing,
     apply_update,
     build_optimizer,
+    frozen_base,
     reference_policy,
 )
 from maskgrpo_ray.pipeline.messages import ScoredBatch, TrainBatch
@@ -53,6 +54,12 @@ class LocalExecutor:
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
         self.planner = UpdatePlanner(up)
         self.ref_policy = reference_policy(up, policy)
+        # the base the monitor probe's KL is measured against: the KL term's reference, else a
+        # frozen copy taken now, before any update or checkpoint load (logging.monitors.probe_kl)
+        self.probe_base = self.ref_policy
+        m = cfg.logging.monitors
+        if self.probe_base is None and m.enabled and m.probe_kl and m.probe_prompts:
+            self.probe_base = frozen_base(policy)
         ro = cfg.rollout
         self.chunk_prompts = chunk_prompts_of(
             ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
@@ -130,13 +137,20 @@ class LocalExecutor:
         return 0.0  # the rollout uses the learner's weights directly
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
         if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
             device = next(self.policy.parameters()).device
             self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
         return evaluate_rewards(
-            self.policy, self._eval_reward, prompts, self.settings.eval, tags, self.prompt_meta
+            self.policy,
+            self._eval_reward,
+            prompts,
+            self.settings.eval,
+            tags,
+            self.prompt_meta,
+            probe=probe,
+            base=self.probe_base if probe else None,
         )
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:

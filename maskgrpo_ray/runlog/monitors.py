@@ -29,17 +29,20 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.runlog.probe_alarms import ALL_ALARMS
+
 ENTROPY = "image/colour_entropy"
 DARK = "image/dark"
 SATURATED = "image/saturated"
 EDGES = "image/edges"
 IMAGE_STATS = (ENTROPY, DARK, SATURATED, EDGES)
+MALFORMED = "image/malformed"  # a detector's share of malformed objects (the shapes judge)
 MAX_SIDE = 128  # images are subsampled (every k-th pixel) to at most this many pixels a side
 DARK_LUMA = 0.15  # a pixel is dark when its luma (BT.601, 0-1) is below this
 SATURATED_CHROMA = 0.5  # ... saturated when (max - min) / 255 of its channels is at least this
 EDGE_STEP = 64  # ... two neighbours make an edge when a channel differs by more than this
 
-ALARMS = ("hacking", "probe_hacking", "drift")
+ALARMS = ALL_ALARMS
 ALARM = "monitor/alarm/"  # + an alarm's name: 1.0 on the steps where its rule holds
 
 
