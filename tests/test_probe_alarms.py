@@ -234,3 +234,38 @@ def test_stop_on_names_an_alarm():
     with pytest.raises(ValueError, match="stop_on names .*not an alarm"):
         Config.model_validate({"logging": {"monitors": {"stop_on": ["judge_dorp"]}}})
     Config.model_validate({"logging": {"monitors": {"stop_on": ["judge_drop", "drift"]}}})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_shapes_worlds_learned_reward_trips_no_probe_alarm_in_a_short_healthy_run(tmp_path):
+    """The honest control: the shapes world's learned reward is not its judge (the toy's rule
+    reward is), so its probe has its own noise; a short run at a small learning rate, whose
+    policy barely moves, must trip no probe alarm (the base calibrated itself)."""
+    import json
+
+    from tiny_runs import NO_GRIDS, QUIET, train_argv
+
+    from maskgrpo_ray.cli import main
+
+    run = tmp_path / "shapes"
+    over = [
+        "train.steps=5",
+        "train.prompts_per_step=4",
+        "train.learning_rate=1e-5",
+        "eval.every_steps=0",
+        "eval.samples_per_prompt=6",
+        "logging.monitors.probe_every_steps=2",
+        "run.export_final_policy=false",
+        NO_GRIDS,
+        QUIET,
+    ]
+    argv = train_argv(run, over)
+    argv[1:1] = ["--config", "configs/shapes.yaml"]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "probe/se/reward" in rows[0] and "probe/malformed" in rows[0]
+    assert [r["step"] for r in rows if "probe/z/reward" in r] == [0, 2, 4]
+    assert all(v is None for v in replay_alarms(rows).values()), [
+        {k: r[k] for k in r if k.startswith("probe/z/")} for r in rows if "probe/z/reward" in r
+    ]
