@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.algo.advantages import diversity_advantages
+from maskgrpo_ray.algo.advantages import clip_advantages, diversity_advantages
 from maskgrpo_ray.algo.diversity import reward_diversity
 from maskgrpo_ray.algo.estimators import (
     ForwardSettings,
@@ -340,7 +340,7 @@ def make_train_batch(
     if isinstance(advantage, float):
         adv = group_advantages(kept.rewards, rb.group_size, advantage)
     else:
-        adv = batch_advantages(kept, advantage)
+        adv = clip_advantages(batch_advantages(kept, advantage), advantage.clip)
     if isinstance(rb, RolloutRefs):
         return TrainRefs(rb, adv)
     assert isinstance(rb, RolloutBatch)  # in-process: the rollout itself
