@@ -194,6 +194,13 @@ class LoggingConfig(Strict):
         description="reward-hacking and collapse monitors (docs/monitors.md)",
     )
 
+    diagnostics: bool = Field(
+        False,
+        description="log why a seed fails, per step (docs/monitors.md, Diagnostics; local "
+        "backend): diag/update_over_lr (||delta theta|| / lr) and diag/grad_half_cosine (the "
+        "cosine of two half-batches' gradients: two more passes over the batch without an "
+        "optimizer step, about the update's compute again; the RNG and the update unchanged)",
+    )
     sample_grid_every_steps: int = Field(
         20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"
     )

@@ -43,6 +43,7 @@ from maskgrpo_ray.loop.recovery import (
 from maskgrpo_ray.loop.staleness import check_rollout, onpolicy_check
 from maskgrpo_ray.loop.step_signal_probe import StepSignalProbe
 from maskgrpo_ray.pipeline.data_plane import fetch_rollout
+from maskgrpo_ray.pipeline.diagnostics import group_figures
 from maskgrpo_ray.pipeline.learner_core import LearnerLost
 from maskgrpo_ray.pipeline.messages import TrainBatch, tensor_nbytes
 from maskgrpo_ray.pipeline.phases import make_train_batch
@@ -93,6 +94,9 @@ def run_step(
     if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, settings.advantage)
+            g = col.kept.rollout.group_size
+            kept = col.kept.rewards[keep.repeat_interleave(g)]
+            row.update(group_figures(kept, tb.advantages, g))  # the trained groups' spread
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
