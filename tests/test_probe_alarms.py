@@ -312,3 +312,19 @@ def test_diagnostics_measure_without_changing_the_run(tmp_path):
         assert r["diag/update_over_lr"] > 0
         assert "groups/near_zero_std_share" in r
     assert "diag/update_over_lr" not in off[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["train.kl_coef=0.04", "model.toy.pretrain_steps=0"], "train.kl_coef=0.04"),
+        (["logging.monitors.stop_on=[judge_drop]", "logging.monitors.probe_prompts=0"], "stop_on"),
+        (["logging.monitors.stop_on=[drift]", "logging.monitors.enabled=false"], "stop_on"),
+    ],
+)
+def test_a_lever_combination_that_cannot_work_is_refused_in_one_line(overrides, field):
+    from maskgrpo_ray.config import load_config
+
+    with pytest.raises(ValueError, match=field) as err:
+        load_config("configs/toy.yaml", overrides)
+    assert len([line for line in str(err.value).splitlines() if field in line]) == 1
