@@ -288,7 +288,9 @@ def monitors_figure(rows: Sequence[Mapping[str, Any]], rules: MonitorRules) -> A
     import matplotlib.pyplot as plt
 
     agree = sorted({k for r in rows for k in r if k.startswith("agreement/")})
-    fig, axes = plt.subplots(3 if agree else 2, 1, figsize=(7, 7.5 if agree else 5.2), sharex=True)
+    zs = sorted({k for r in rows for k in r if k.startswith("probe/z/")})
+    n = 2 + bool(agree) + bool(zs)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 2.6 * n), sharex=True)
     _reward_panel(axes[0], rows)
     _drift_panel(axes[1], rows, rules)
     if agree:
@@ -299,6 +301,14 @@ def monitors_figure(rows: Sequence[Mapping[str, Any]], rules: MonitorRules) -> A
         axes[2].set_ylabel("Spearman in groups")
         if axes[2].get_legend_handles_labels()[0]:
             axes[2].legend(fontsize=7, loc="best")
+    if zs:  # every probe against the base's (runlog.probe_alarms)
+        for key in zs:
+            pts = _series(rows, key)
+            if pts:
+                axes[-1].plot(*zip(*pts, strict=True), marker="o", label=key[len("probe/z/") :])
+        axes[-1].axhline(0.0, color="grey", lw=0.8)
+        axes[-1].set_ylabel("probe - base (base se)")
+        axes[-1].legend(fontsize=7, loc="best")
     for name, info in monitor_summary(rows).get("alarms", {}).items():
         if info["first_step"] is not None:
             for a in axes:
