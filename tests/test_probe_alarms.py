@@ -133,7 +133,7 @@ def _image_draw(images: torch.Tensor) -> dict[str, list[float]]:
 
 
 def _blobs(images: torch.Tensor) -> torch.Tensor:
-    """Each object smeared into a blob: every 4x4 patch that has a colour takes its most
+    """Each object smeared into a blob: every 4x4 patch (a token) filled with its most
     saturated pixel's colour, the shapes' outlines lost."""
     n, h, w, _ = images.shape
     x = (
@@ -144,8 +144,7 @@ def _blobs(images: torch.Tensor) -> torch.Tensor:
     chroma = x.amax(-1).int() - x.amin(-1).int()
     pick = chroma.argmax(-1)  # [n, gh, gw]
     colour = torch.gather(x, 3, pick[..., None, None].expand(-1, -1, -1, 1, 3)).squeeze(3)
-    grown = colour.repeat_interleave(8, 1).repeat_interleave(8, 2)[:, :h, :w]
-    return grown.contiguous()
+    return colour.repeat_interleave(4, 1).repeat_interleave(4, 2).contiguous()
 
 
 def test_shapes_renders_swapped_for_black_or_blobs_trip_drift_and_fresh_renders_do_not():
