@@ -253,8 +253,8 @@ def _lever_rules(cfg: Config) -> None:
     """Lever combinations that cannot work (issue 53): a KL to a base that was never trained,
     an alarm that stops the run with no monitor or probe to trip it."""
     t, m = cfg.train, cfg.model
-    world = {"toy": m.toy, "shapes": m.shapes}.get(m.kind)
-    if (t.kl_coef > 0 or t.anchor_kl_coef > 0) and world is not None and not world.pretrain_steps:
+    steps = {"toy": m.toy.pretrain_steps, "shapes": m.shapes.pretrain_steps}.get(m.kind)
+    if (t.kl_coef > 0 or t.anchor_kl_coef > 0) and steps == 0:
         raise ValueError(
             f"train.kl_coef={t.kl_coef} (anchor_kl_coef={t.anchor_kl_coef}) with "
             f"model.{m.kind}.pretrain_steps=0: the base is untrained random weights, so the KL "

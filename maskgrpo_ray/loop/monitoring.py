@@ -98,7 +98,8 @@ class Monitor:
             return {}
         t0 = time.perf_counter()
         prompts, n = list(self.prompts), len(self.prompts)
-        labels_a, labels_b = [f"a{i}" for i in range(n)], [f"b{i}" for i in range(n)]
+        labels_a: list[str | None] = [f"a{i}" for i in range(n)]
+        labels_b: list[str | None] = [f"b{i}" for i in range(n)]
         if step == 0 and n % self.unit == 0:  # draw B in the units after A's: other seeds
             out = self.ex.evaluate(prompts * 2, [*labels_a, *labels_b], probe=True)
             draw_b = {f: per_prompt(out, labels_b, key) for f, key in EVAL_KEYS.items()}
@@ -107,7 +108,8 @@ class Monitor:
             draw_b = {}
             if step == 0:  # draw A's last unit is partial: draw B after a filler, on a boundary
                 fill = (prompts * self.unit)[: (-n) % self.unit]
-                labels = [*labels_a, *(f"x{i}" for i in range(len(fill))), *labels_b]
+                labels: list[str | None] = [*labels_a, *(f"x{i}" for i in range(len(fill)))]
+                labels += labels_b
                 more = self.ex.evaluate([*prompts, *fill, *prompts], labels, probe=True)
                 draw_b = {f: per_prompt(more, labels_b, key) for f, key in EVAL_KEYS.items()}
         draw_a = {f: per_prompt(out, labels_a, key) for f, key in EVAL_KEYS.items()}

@@ -72,7 +72,7 @@ def _sd(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def per_prompt(out: Mapping[str, float], labels: Sequence[str], key: str) -> list[float]:
+def per_prompt(out: Mapping[str, float], labels: Sequence[str | None], key: str) -> list[float]:
     """``key``'s value per probe prompt from an evaluation summarised with one tag per prompt
     (``out[f"{key}/{label}"]``), NaN where missing."""
     return [float(out.get(f"{key}/{label}", math.nan)) for label in labels]
@@ -128,7 +128,7 @@ def probe_z(row: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float]
         if not key.startswith(SE) or not _finite(se) or se <= 0:
             continue
         fig = key[len(SE) :]
-        now, then = row.get(f"probe/{fig}"), base.get(f"probe/{fig}")
+        now, then = row.get(f"probe/{fig}", math.nan), base.get(f"probe/{fig}", math.nan)
         if fig != KL and _finite(now) and _finite(then):
             out[Z + fig] = (float(now) - float(then)) / float(se)
     return out
@@ -149,7 +149,7 @@ def probe_rule_flags(
         out["judge_drop"] = float(z[JUDGE] < -rules.judge_drop_se)
     if REWARD in z:
         out["reward_drop"] = float(z[REWARD] < -rules.reward_drop_se)
-    div, div0 = row.get(f"probe/{DIVERSITY}"), base.get(f"probe/{DIVERSITY}")
+    div, div0 = row.get(f"probe/{DIVERSITY}", math.nan), base.get(f"probe/{DIVERSITY}", math.nan)
     if DIVERSITY in z and _finite(div) and _finite(div0):
         low = float(div) < rules.diversity_share * float(div0)
         out["diversity_loss"] = float(low and z[DIVERSITY] < -rules.diversity_drop_se)
