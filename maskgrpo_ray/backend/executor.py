@@ -34,7 +34,7 @@ from maskgrpo_ray.backend.fleet import RolloutFleet
 from maskgrpo_ray.cluster.attach import ClusterHandle, connect, disconnect
 from maskgrpo_ray.cluster.ray_metrics import process_metrics
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.evaluation.generation import grid_unit, make_units, summarize
+from maskgrpo_ray.evaluation.generation import PROBE_FIGURES, grid_unit, make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.loop.collect import chunk_prompts_of
@@ -227,14 +227,15 @@ class RayExecutor:
         return signal, self.learner.planner.observe(signal)
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
         """Held-out evaluation spread over every rollout actor: fixed-seed units
         (``evaluation.generation``), so the figures do not depend on the actor count; per
-        GenEval tag too when ``tags`` (one per prompt) are given."""
+        GenEval tag too when ``tags`` (one per prompt) are given. ``probe``: the image
+        statistics too (the rollout actors hold no base: no KL, ``eval_kl`` absent)."""
         units = make_units(prompts, self.settings.eval)
         per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
-        return summarize(per_unit, tags)
+        return summarize(per_unit, tags, PROBE_FIGURES if probe else ())
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``), made

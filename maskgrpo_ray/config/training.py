@@ -233,14 +233,21 @@ class TrainConfig(Strict):
     advantage_eps: float = Field(
         1e-4, gt=0, description="eps of A = (r - mean) / (std + eps) (Eq. 12)"
     )
-    advantage: Literal["grpo", "centred", "gdpo"] = Field(
+    advantage: Literal["grpo", "centred", "gdpo", "batch_std"] = Field(
         "grpo",
         description=(
             "grpo: A = (r - mean) / (std + eps) per group (Eq. 12); centred: A = r - mean "
             "(GARDO's, Dr. GRPO's); gdpo: each reward component normalised within its group, "
             "their weighted sum normalised over the batch (GDPO, arXiv 2601.05242; needs two "
-            "or more reward.components)"
+            "or more reward.components); batch_std: A = (r - group mean) / (the batch's reward "
+            "std + eps) (Flow-GRPO's global std: a near-constant group keeps small advantages)"
         ),
+    )
+    advantage_clip: float = Field(
+        0.0,
+        ge=0,
+        description="clamp every advantage to [-c, c] after train.advantage and train.diversity "
+        "(Flow-GRPO clips at 5); 0: no clip",
     )
     diversity: DiversityConfig = Field(
         default_factory=DiversityConfig, description="diversity-aware advantages"

@@ -44,6 +44,7 @@ from maskgrpo_ray.loop.recovery import (
 from maskgrpo_ray.loop.staleness import check_rollout, onpolicy_check
 from maskgrpo_ray.loop.step_signal_probe import StepSignalProbe
 from maskgrpo_ray.pipeline.data_plane import fetch_rollout
+from maskgrpo_ray.pipeline.diagnostics import group_figures
 from maskgrpo_ray.pipeline.learner_core import LearnerLost
 from maskgrpo_ray.pipeline.messages import TrainBatch, tensor_nbytes
 from maskgrpo_ray.pipeline.phases import make_train_batch
@@ -94,6 +95,9 @@ def run_step(
     if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, settings.advantage)
+            g = col.kept.rollout.group_size
+            kept = col.kept.rewards[keep.repeat_interleave(g)]
+            row.update(group_figures(kept, tb.advantages, g))  # the trained groups' spread
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
@@ -217,6 +221,10 @@ class _Loop:
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
         if self.monitor is not None:
             row.update(self.monitor.observe(self.runlog.rows, row))
+            alarm = self.monitor.stops()
+            if alarm is not None and not stop.requested:  # logging.monitors.stop_on
+                stop.signal_name, stop.t_signal = f"monitor alarm {alarm!r}", time.monotonic()
+                log.warning("monitor alarm %r is in logging.monitors.stop_on: stopping", alarm)
         self.runlog.log_step(row)
         return row
 

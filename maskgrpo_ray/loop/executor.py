@@ -75,8 +75,11 @@ class Executor(GroupWork, Protocol):
     def sync_weights(self) -> float: ...
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
-    ) -> dict[str, float]: ...
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
+    ) -> dict[str, float]:
+        """Held-out evaluation with fixed seeds (``evaluation.generation``); ``probe``: the
+        monitor probe's figures too (``PROBE_FIGURES``: the image statistics and, where the
+        backend holds the base, the KL to it)."""
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """Images of ``prompts`` under the evaluation sampler with a fixed seed (the run's

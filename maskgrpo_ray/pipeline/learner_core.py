@@ -74,6 +74,12 @@ def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImag
     policy's reference is itself with the adapter disabled (no second copy of the weights)."""
     if s.kl_coef <= 0 and s.anchor_coef <= 0:
         return None
+    return frozen_base(policy)
+
+
+def frozen_base(policy: MaskedImagePolicy) -> MaskedImagePolicy:
+    """The base of ``policy`` as it is now, frozen: a LoRA policy with its adapter disabled (no
+    second copy of the weights), else a deep copy in eval mode without gradients."""
     from maskgrpo_ray.models.lora import AdapterDisabled, has_adapter
 
     if has_adapter(policy):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.algo.advantages import diversity_advantages
+from maskgrpo_ray.algo.advantages import clip_advantages, diversity_advantages
 from maskgrpo_ray.algo.diversity import reward_diversity
 from maskgrpo_ray.algo.estimators import (
     ForwardSettings,
@@ -36,7 +36,7 @@ from maskgrpo_ray.pipeline.messages import (  # FilterResult: the message, impor
 )
 from maskgrpo_ray.pipeline.settings import AdvantageSettings
 from maskgrpo_ray.rewards.base import check_reward_inputs
-from maskgrpo_ray.runlog.monitors import image_statistics
+from maskgrpo_ray.runlog.monitors import MALFORMED, image_statistics
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,9 @@ def score_rewards(
     The per-sample diversity figures come along (:func:`maskgrpo_ray.algo.diversity.reward_diversity`:
     in the embedding the composite names, with its layouts, and ``train.diversity``'s own), and
     so do the images' statistics (:func:`maskgrpo_ray.runlog.monitors.image_statistics`, ``image/*``),
-    computed here because the images are here (on Ray: the reward actor).
+    computed here because the images are here (on Ray: the reward actor), and where a component
+    detects objects (``malformed_share``: the shapes judge) its share of malformed objects per
+    image (``image/malformed``, NaN where it finds none).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
     metas = [(prompt_meta or {}).get(p) for p in prompts]
@@ -225,6 +227,9 @@ def score_rewards(
         parts = {}  # a plain reward has no parts besides its total
     diversity = reward_diversity(reward, batch.images, batch.group_size)
     diversity.update(image_statistics(batch.images))
+    detector = next((f for f in components.values() if hasattr(f, "malformed_share")), None)
+    if detector is not None:  # a detector's share of malformed objects (the shapes judge)
+        diversity[MALFORMED] = detector.malformed_share(batch.images).float().cpu()
     return RewardResult(total, parts, acc, failures, diversity)
 
 
@@ -335,7 +340,7 @@ def make_train_batch(
     if isinstance(advantage, float):
         adv = group_advantages(kept.rewards, rb.group_size, advantage)
     else:
-        adv = batch_advantages(kept, advantage)
+        adv = clip_advantages(batch_advantages(kept, advantage), advantage.clip)
     if isinstance(rb, RolloutRefs):
         return TrainRefs(rb, adv)
     assert isinstance(rb, RolloutBatch)  # in-process: the rollout itself

@@ -94,7 +94,7 @@ class UpdateSettings:
 class AdvantageSettings:
     """How the driver turns a step's kept groups into advantages (``phases.make_train_batch``)."""
 
-    kind: str  # "grpo" | "centred" | "gdpo"
+    kind: str  # "grpo" | "centred" | "gdpo" | "batch_std"
     diversity: str  # "none" | "gardo" | "bonus"
     # the per-sample figure diversity uses: "diversity/nn" | "diversity/pairwise", or
     # "diversity_train/..." where train.diversity.embedding is not the reported figures' space
@@ -104,6 +104,7 @@ class AdvantageSettings:
     recentre: bool  # gardo: the scaled advantages centred per group again
     eps: float
     component_weights: dict[str, float]  # reward part name -> weight (GDPO)
+    clip: float = 0.0  # train.advantage_clip: |A| at most this; 0: no clip
 
 
 @dataclass(frozen=True)
@@ -381,6 +382,7 @@ def advantage_settings(cfg: Config) -> AdvantageSettings:
         recentre=t.diversity.recentre,
         eps=t.advantage_eps,
         component_weights={component_name(c): c.weight for c in cfg.reward.components},
+        clip=t.advantage_clip,
     )
 
 
