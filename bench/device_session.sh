@@ -57,12 +57,12 @@ if want nccl; then
 fi
 
 want ray && say "3. Ray jobs on the GPU (tiny random Show-o, fractional GPU shares)"
-# from outside the checkout: its maskgrpo_ray/ would shadow the installed package's actors
-repo=$PWD
+# from the repository root: the checkout's maskgrpo_ray/ is a whole package (its actors and
+# learner reach the top-level folders), so the workers run the checkout's code
 for sync in auto object_store; do
     want ray || break
-    (cd /tmp && timeout 100 python3 -m maskgrpo_ray.cli train \
-        --config "$repo/configs/showo_tiny_random.yaml" \
+    (timeout 100 python3 -m maskgrpo_ray.cli train \
+        --config configs/showo_tiny_random.yaml \
         --run-dir "/tmp/ray_$sync" \
         --set rollout.num_gpus_per_actor=0.4 --set learner.num_gpus_per_worker=0.4 \
         --set learner.weight_sync=$sync --set train.steps=3 \
