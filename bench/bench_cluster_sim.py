@@ -435,7 +435,7 @@ def section_recipe(args: argparse.Namespace) -> list[Row]:
     GPUs: 16, 32, 64) at the planner's split, images/GPU/s over all GPUs beside the limit.
     One executor for the full trajectory's rows, then one started from the recipe's config
     (the learner trains the steps its own settings select)."""
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     rows = []
     ex = RayExecutor(make_cfg(args, "trajectory", 8, 8))
@@ -569,7 +569,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     start_cluster(gpus=max(32, *args.scale_gpus), cpus=16)
     rows: list[Row] = []
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     estimators = args.estimators.split(",")
     if "recipe" in sections:

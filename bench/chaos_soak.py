@@ -199,7 +199,7 @@ class Chaos:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        from maskgrpo_ray.backend.executor import RayExecutor
+        from maskgrpo_ray.backend.ray_executor import RayExecutor
         from maskgrpo_ray.loop import driver
         from maskgrpo_ray.loop.recovery import Checkpoints
 
