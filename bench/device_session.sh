@@ -8,7 +8,8 @@
 #   3. a short Ray job per weight sync (tiny random Show-o, a rollout actor and a learner rank
 #      sharing the GPU with fractional num_gpus): `auto` (the collective) and `object_store`;
 #   4. the `gpu` tests;
-#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json);
+#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json; its sections in
+#      bench/gpu_rollout.py, gpu_learner.py, gpu_weight_sync.py, gpu_common.py);
 #   6. bench/bench_reward_gpu.py: the reward models at full size (CLIP ViT-H-14 and ViT-L-14,
 #      Mask2Former Swin-S), its JSON to $OUT/bench_reward_gpu.json.
 #
