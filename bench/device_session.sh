@@ -8,7 +8,8 @@
 #   3. a short Ray job per weight sync (tiny random Show-o, a rollout actor and a learner rank
 #      sharing the GPU with fractional num_gpus): `auto` (the collective) and `object_store`;
 #   4. the `gpu` tests;
-#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json);
+#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json; its sections in
+#      bench/gpu_rollout.py, gpu_learner.py, gpu_weight_sync.py, gpu_common.py);
 #   6. bench/bench_reward_gpu.py: the reward models at full size (CLIP ViT-H-14 and ViT-L-14,
 #      Mask2Former Swin-S), its JSON to $OUT/bench_reward_gpu.json.
 #
@@ -57,12 +58,12 @@ if want nccl; then
 fi
 
 want ray && say "3. Ray jobs on the GPU (tiny random Show-o, fractional GPU shares)"
-# from outside the checkout: its maskgrpo_ray/ would shadow the installed package's actors
-repo=$PWD
+# from the repository root: the checkout's maskgrpo_ray/ is a whole package (its actors and
+# learner reach the top-level folders), so the workers run the checkout's code
 for sync in auto object_store; do
     want ray || break
-    (cd /tmp && timeout 100 python3 -m maskgrpo_ray.cli train \
-        --config "$repo/configs/showo_tiny_random.yaml" \
+    (timeout 100 python3 -m maskgrpo_ray.cli train \
+        --config configs/showo_tiny_random.yaml \
         --run-dir "/tmp/ray_$sync" \
         --set rollout.num_gpus_per_actor=0.4 --set learner.num_gpus_per_worker=0.4 \
         --set learner.weight_sync=$sync --set train.steps=3 \

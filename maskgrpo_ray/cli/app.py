@@ -210,7 +210,7 @@ def run_train(
         reward = build_reward_from_settings(settings.reward)
         ex: Executor = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
     else:
-        from maskgrpo_ray.backend.executor import RayExecutor
+        from maskgrpo_ray.backend.ray_executor import RayExecutor
 
         ex = RayExecutor(cfg)
         train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))

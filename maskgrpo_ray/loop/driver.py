@@ -1,7 +1,7 @@
 """The step loop, as phases: collect (generate, score, filter, re-sample), advantages, update,
 sync, log.
 
-One loop for both backends (``local.LocalExecutor``, ``backend.executor.RayExecutor``,
+One loop for both backends (``local.LocalExecutor``, ``backend.ray_executor.RayExecutor``,
 through the :class:`~maskgrpo_ray.loop.executor.Executor` protocol) and both modes: a step
 collects its groups from the :class:`~maskgrpo_ray.loop.collect.GroupSource`, submits the next
 step's when ``rollout.max_policy_lag`` allows (they are generated with the weights before this

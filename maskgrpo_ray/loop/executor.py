@@ -1,7 +1,7 @@
 """What the driver's loop calls: the :class:`Executor` of a backend, and the phase timer.
 
 Two backends implement it: ``local.LocalExecutor`` (one process, the baseline and the
-reference) and ``backend.executor.RayExecutor`` (rollout, reward, filter and learner actors on a
+reference) and ``backend.ray_executor.RayExecutor`` (rollout, reward, filter and learner actors on a
 Ray cluster). The part a :class:`~maskgrpo_ray.loop.collect.GroupSource` uses (generate, score,
 filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load; the
 ``train`` command calls the rest (prompt checks and metadata, the step-end hook, shutdown).

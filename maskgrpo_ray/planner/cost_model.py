@@ -82,7 +82,10 @@ class FlopModel:
 
 
 # Show-o v1 (Phi-1.5 body, 24 layers of 2048): parameter counts summed from the full-size
-# checkpoint's key list (../shared/fixtures/showo_reference/showo_512_state_keys.json).
+# checkpoint's key list, the official `Showo` class (showlab/Show-o, models/modeling_showo.py
+# and models/phi.py) instantiated at the showlab/show-o-512x512 size: 437 tensors,
+# 1,448,176,770 numbers, of which 1,208,510,464 in the 24 layers and the final LayerNorm
+# (tests/test_cost_model.py sums them from the repository's copy of that list).
 SHOWO_FLOPS = FlopModel(
     body_params=1_208_510_464, head_params=8192 * 2049, text_len=129, hidden=2048, layers=24
 )
