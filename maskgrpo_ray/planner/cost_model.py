@@ -135,10 +135,11 @@ class CostProfile:
 
 
 # Measured on one H100 80GB HBM3 (bench/bench_gpu.py, 2026-11-27, bf16, random weights;
-# docs/gpu.md): per (image side, likelihood), rollout seconds per image-step (N = 24 images a
-# call at 512 px, 48 at 256) and learner seconds per pair (micro-batch 8 at 512 px, the
-# config's; 16 at 256). "marginal": the shipped configs' p1 with the Gumbel noise integrated
-# out; "eq14": Eq. 14 as printed, also what a forward-estimator pair costs.
+# docs/gpu.md, "Measured on an H100", the only record: the raw results file was lost): per
+# (image side, likelihood), rollout seconds per image-step (N = 24 images a call at 512 px, 48
+# at 256) and learner seconds per pair (micro-batch 8 at 512 px, the config's; 16 at 256).
+# "marginal": the shipped configs' p1 with the Gumbel noise integrated out; "eq14": Eq. 14 as
+# printed, also what a forward-estimator pair costs.
 H100_MEASURED: dict[tuple[int, str], tuple[float, float]] = {
     (512, "marginal"): (20.27 / (24 * 50), 3.017 / 48),
     (512, "eq14"): (12.47 / (24 * 50), 1.643 / 48),
