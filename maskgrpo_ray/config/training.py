@@ -258,11 +258,12 @@ class TrainConfig(Strict):
             "(MixGRPO); auto: the steps the step-signal probe (step_signal_every_steps) "
             "measures above the shuffled floor (unmasking_step_auto_margin), at most k, "
             "re-measured at every probe; the first probe runs before the first update; "
-            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per sample: the k steps "
+            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per group: the k steps "
             "whose prediction moved the intermediate image furthest towards the final sample "
             "(|a_t - a_(t-1)|, a_t the share of tokens where step t's predicted image equals "
-            "the final one; candidates 1 .. S-2 as MaskFocus's, steps 0 and S-1 ranked last), "
-            "recorded by the rollout"
+            "the final one, averaged over the group; candidates 1 .. S-2 as MaskFocus's, steps "
+            "0 and S-1 ranked last), recorded by the rollout; a group's samples train the same "
+            "steps"
         ),
     )
     unmasking_steps_trained: int = Field(
