@@ -251,7 +251,9 @@ def trajectory_query(
         shrinkage: ``s``, TraceRL's trajectory shrinkage: step ``t`` is scored from the state
             ``Y_{t0}`` of its block's first step ``t0 = s * floor(t / s)`` (its own masked and
             newly unmasked sets, under those logits), and the pairs of one sample and block
-            share one input row, so ``S`` steps cost ``ceil(S / s)`` rows. ``1``: the exact
+            share one input row, so ``S`` steps cost ``ceil(S / s)`` rows (and their
+            ``log_softmax``; the per-pair terms, Eq. 14's sums and the Gumbel marginal, stay one
+            per pair: ``transition.step_log_prob``'s ``pair_rows``). ``1``: the exact
             ``Y_t`` per pair. Biased for ``s > 1``: a later step of a block is scored from an
             earlier, more masked state than the one it was sampled in.
         sample_ids: long ``[M]``, which sample each pair is (pairs of one sample and block
@@ -278,8 +280,9 @@ def trajectory_query(
     )
 
     def shrunk(logits: torch.Tensor) -> torch.Tensor:  # [R, L, V] -> [M]
+        # scored on the rows forwarded: one log_softmax per row, each pair reading its row
         return step_log_prob(
-            logits[inverse], masked, unmasked, target, transition, gumbel_tau=gumbel_tau
+            logits, masked, unmasked, target, transition, gumbel_tau=gumbel_tau, pair_rows=inverse
         )
 
     return PairQuery(state, covered.sum(-1).float(), shrunk, rows)
