@@ -234,3 +234,56 @@ def test_shrinkage_needs_the_trajectory_estimator_and_at_most_s_steps():
         load_config(
             TOY, [*SMALL, ALL, "train.trajectory_shrinkage=2", "likelihood.estimator=forward"]
         )
+
+
+class _CollectiveCounting(TorchOptimizing):
+    """A rank whose forwards are collectives (ZeRO-3): pads backwards with a replayed forward
+    (as ``learner.worker.DeepSpeedOptimizing`` does at stage 2/3) and counts the model calls."""
+
+    collective_forward = True
+
+    def __init__(self, policy, settings):
+        super().__init__(policy, build_optimizer(settings, policy), settings.grad_clip_norm)
+        self.calls = 0
+        inner = policy.conditioned
+
+        def conditioned(*a, **k):
+            fn = inner(*a, **k)
+
+            def counted(tokens):
+                self.calls += 1
+                return fn(tokens)
+
+            return counted
+
+        policy.conditioned = conditioned
+
+    def pad_backward(self, replay):
+        loss = replay()
+        assert loss is not None
+        self.backward(loss)
+
+
+@pytest.mark.parametrize("collective", [True, False])
+def test_ranks_call_the_model_equally_often_when_forwards_are_collective(collective):
+    """Two ranks with 4 and 2 samples at s = 2, micro-batches of 3 rows: rank 0 takes 8 rows
+    in 3 micro-batches, rank 1 4 rows in 2, so the group plans 3 backward calls. Under ZeRO-3
+    every forward gathers parameters, a collective: the no-grad recompute is padded like the
+    backward (issue 57), each rank calls the model 3 + 3 times. Without collective forwards
+    the recompute is not padded (rank 1: 2 + 3)."""
+    cfg = load_config(
+        TOY, [*SMALL, ALL, "train.trajectory_shrinkage=2", "train.micro_batch_pairs_per_gpu=3"]
+    )
+    up = settings_from_config(cfg).update
+    batch = _batch(build_policy(cfg.model))
+    plan = UpdatePlanner(up).plan(0, batch.num_samples, batch.group_size)
+    shards = [batch.rows(0, 4), batch.rows(4, 6)]
+    calls = max(backward_calls(up, s.num_samples, plan.rows_per_sample(2, 4)) for s in shards)
+    assert calls == 3
+    counts = []
+    for shard in shards:
+        opt = _CollectiveCounting(build_policy(cfg.model), up)
+        opt.collective_forward = collective
+        apply_update(opt, shard, plan, up, normalizer=12.0, num_backward=calls)
+        counts.append(opt.calls)
+    assert counts == ([6, 6] if collective else [6, 5])
