@@ -284,7 +284,9 @@ class RunConfig(Strict):
             "and publishes them while the next steps run; the next checkpoint, a restore, a "
             "SIGTERM's checkpoint and the run's end wait for it. The manifest and `latest` are "
             "written last, so a crash mid-write leaves the previous checkpoint the newest "
-            "valid one. Host memory: up to two copies of the learner state (bench/checkpoint_cost.py)"
+            "valid one; a learner rank lost mid-write discards that write and rolls back to "
+            "the newest published checkpoint. On in configs/showo_*.yaml. Host memory: up to "
+            "two copies of the learner state (bench/checkpoint_cost.py)"
         ),
     )
     keep_checkpoints: int = Field(

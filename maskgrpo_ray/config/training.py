@@ -265,11 +265,12 @@ class TrainConfig(Strict):
             "(MixGRPO); auto: the steps the step-signal probe (step_signal_every_steps) "
             "measures above the shuffled floor (unmasking_step_auto_margin), at most k, "
             "re-measured at every probe; the first probe runs before the first update; "
-            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per sample: the k steps "
+            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per group: the k steps "
             "whose prediction moved the intermediate image furthest towards the final sample "
             "(|a_t - a_(t-1)|, a_t the share of tokens where step t's predicted image equals "
-            "the final one; candidates 1 .. S-2 as MaskFocus's, steps 0 and S-1 ranked last), "
-            "recorded by the rollout"
+            "the final one, averaged over the group; candidates 1 .. S-2 as MaskFocus's, steps "
+            "0 and S-1 ranked last), recorded by the rollout; a group's samples train the same "
+            "steps"
         ),
     )
     unmasking_steps_trained: int = Field(
@@ -335,7 +336,10 @@ class TrainConfig(Strict):
         0.0, ge=0, description="beta of the anchored steps' KL to the base (per transition)"
     )
     micro_batch_pairs_per_gpu: int = Field(
-        256, ge=1, description="(sample, unmasking step) pairs per forward pass, per learner rank"
+        256,
+        ge=1,
+        description="(sample, unmasking step) pairs per forward pass, per learner rank; under "
+        "trajectory_shrinkage, model input rows (one per sample and block of s steps)",
     )
     updates_per_batch: int = Field(
         1, ge=1, description="optimizer updates (passes) over each driver step's batch"
@@ -345,7 +349,9 @@ class TrainConfig(Strict):
         gt=0,
         description=(
             "on-policy check: when every sample of an update was generated with the learner's "
-            "weights (lag 0), the first micro-batch's max |ratio - 1| is logged as "
+            "weights (lag 0), the first pass's max |ratio - 1| against the rollout's cached "
+            "log-probs (every micro-batch; under trajectory_shrinkage the block starts only, "
+            "onpolicy/measured_share of the pairs; NaN when none) is logged as "
             "onpolicy/first_ratio_max_abs_dev and a WARNING names the step when it exceeds "
             "this. float32 round-off of a transition log-prob summed over L tokens stays well "
             "under 1e-3 (the toy: under 1e-5); under learner.autocast bf16 raise it (bf16 "

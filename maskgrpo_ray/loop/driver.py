@@ -255,6 +255,7 @@ def _progress_bar(cfg: Config, start_step: int) -> Any:
 
 def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     """Restore from ``resume_from`` (the step to continue at), or evaluate the base model."""
+    ckpts.remove_stale_staging()  # a crashed write's leftovers
     if resume_from is not None:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
@@ -267,7 +268,8 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     log.info("base model: %s", loop.base)
     loop.base_grid = _tag_grid(loop, "base")
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
-        ckpts.save(0, loop.base, loop.totals)
+        # in the foreground: its whole time sizes the SIGTERM reserve from the first step
+        ckpts.save(0, loop.base, loop.totals, wait=True)
         loop.cadence.saved()
     return 0
 
@@ -321,8 +323,8 @@ def _advance(
     if (loop.cadence.at_step(at.step) or loop.cadence.time_due()) and not loop.pending:
         ckpts.save(at.step, loop.base, loop.totals)
         loop.cadence.saved()
-        # what a checkpoint before exit needs: a whole write (the last one finished)
-        stop.save_s = max(stop.save_s, ckpts.writer.last_write_s, ckpts.writer.last_snapshot_s)
+        # what a checkpoint before exit needs: a whole one (snapshot + the last finished write)
+        stop.save_s = max(stop.save_s, ckpts.whole_save_s())
         at = RunCursor(at.step, at.step)
     if on_step_end is not None:
         on_step_end(at.step - 1, row)
@@ -383,46 +385,60 @@ def _run(
     on_step_end: Any,
 ) -> dict[str, Any]:
     """The step loop under the preemption handler, then the end of a stopped or a whole run."""
-    cfg, ex = loop.cfg, loop.ex
-    stop = Preemption(cfg.run.preemption_grace_seconds)
-    stop.install()
+    stop = Preemption(loop.cfg.run.preemption_grace_seconds, ckpts.writer)
+    stop.save_s = ckpts.whole_save_s()  # the start's checkpoint (0 on a resume until one)
+    stop.install()  # until the last checkpoint is written: a second signal loses nothing
     try:
-        at, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
-        next_step, saved_step = at.step, at.saved
+        try:
+            at, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
+            next_step, saved_step = at.step, at.saved
+        finally:
+            loop.source.shutdown()
+            ckpts.flush()  # a background write finishes (or raises) before the run ends
+        if not stop.requested and saved_step != next_step:
+            # the run's end is a checkpoint: a resume with more steps goes on
+            ckpts.save(next_step, loop.base, loop.totals, wait=True)
+            saved_step = next_step
+        if stop.requested:
+            return _stopped(
+                loop, ckpts, stop, (start_step, next_step, saved_step), abandoned, t_start
+            )
     finally:
         stop.uninstall()
-        loop.source.shutdown()
-        ckpts.flush()  # a background write finishes (or raises) before the run ends
-    if stop.requested:
-        resume_at = saved_step
-        if not abandoned:
-            resume_at = stop.checkpoint_before_exit(
-                ckpts, next_step, saved_step, loop.base, loop.totals
-            )
-        loop.runlog.plot_reward_curve()
-        summary = run_summary(
-            cfg, ex.policy_version, start_step, loop.base, {}, loop.totals, t_start
-        )
-        summary.update(
-            eval_prompts=len(loop.eval_prompts),
-            completed=False,
-            stopped_by=stop.signal_name,
-            steps_done=next_step,
-            resume_step=resume_at,
-        )
-        loop.runlog.write_summary(summary)
-        log.warning(
-            "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
-            stop.signal_name,
-            stop.grace_s - stop.seconds_left(),
-            next_step,
-            cfg.train.steps,
-        )
-        return summary
-    if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
-        ckpts.save(next_step, loop.base, loop.totals, wait=True)
-    ckpts.flush()
     return _finish(loop, run_dir, start_step, t_start)
+
+
+def _stopped(
+    loop: _Loop,
+    ckpts: Checkpoints,
+    stop: Preemption,
+    steps: tuple[int, int, int | None],
+    abandoned: bool,
+    t_start: float,
+) -> dict[str, Any]:
+    """The end of a run stopped by a signal: the checkpoint before exit (unless the step was
+    abandoned or the checkpoint is there) and ``summary.json`` with ``"completed": false``."""
+    cfg, (start_step, next_step, saved_step) = loop.cfg, steps
+    resume_at = saved_step
+    if not abandoned:
+        resume_at = stop.checkpoint_before_exit(
+            ckpts, next_step, saved_step, loop.base, loop.totals
+        )
+    loop.runlog.plot_reward_curve()
+    summary = run_summary(
+        cfg, loop.ex.policy_version, start_step, loop.base, {}, loop.totals, t_start
+    )
+    summary.update(eval_prompts=len(loop.eval_prompts), completed=False, steps_done=next_step)
+    summary.update(stopped_by=stop.signal_name, resume_step=resume_at)
+    loop.runlog.write_summary(summary)
+    log.warning(
+        "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
+        stop.signal_name,
+        stop.grace_s - stop.seconds_left(),
+        next_step,
+        cfg.train.steps,
+    )
+    return summary
 
 
 def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict[str, Any]:

@@ -21,7 +21,12 @@ from maskgrpo_ray.algo.estimators import (
     mask_counts,
 )
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.algo.grpo import group_advantages, group_std, prediction_agreement
+from maskgrpo_ray.algo.grpo import (
+    group_advantages,
+    group_agreement,
+    group_std,
+    prediction_agreement,
+)
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
@@ -64,8 +69,9 @@ def generate(
 
     ``forward`` None: the trajectory estimator (record the unmasking steps, ``old_logp [N, S]``
     of the ``transition``). Otherwise the forward estimator (:func:`_forward_units`).
-    ``step_agreement``: also record each step's prediction's agreement with the final sample
-    (``algo.grpo.step_agreement``; the ``critical`` step selection reads it).
+    ``step_agreement``: also record each step's prediction's agreement with the final sample,
+    averaged over the sample's group (``algo.grpo.group_agreement``; the ``critical`` step
+    selection reads it).
     """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
     traj = rollout(
@@ -104,7 +110,7 @@ def generate(
     if step_agreement and forward is None:
         assert traj.predictions is not None
         agree = prediction_agreement(traj.predictions, traj.final_tokens, traj.unmask_step)
-        batch = replace(batch, step_agreement=agree.cpu())
+        batch = replace(batch, step_agreement=group_agreement(agree, group_size).cpu())
     if forward is not None:
         batch = _forward_units(policy, batch, cond, traj, forward, generator)
     return batch.validate()
@@ -141,7 +147,11 @@ def _forward_units(
     if forward.ratio_rule == "step_focus":
         assert traj.predictions is not None and traj.masked_before is not None
         focus_counts = focus_step_counts(
-            traj.predictions, traj.final_tokens, traj.masked_before, forward.num_draws
+            traj.predictions,
+            traj.final_tokens,
+            traj.unmask_step,
+            forward.num_draws,
+            batch.group_size,
         ).cpu()
     counts = mask_counts(seeds, forward, policy.num_image_tokens, focus_counts)  # [N, K]
     old = []
