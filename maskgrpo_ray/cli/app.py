@@ -185,7 +185,7 @@ def run_train(
     import torch
 
     from maskgrpo_ray.loop import driver
-    from maskgrpo_ray.loop.driver import EvalSet
+    from maskgrpo_ray.loop.held_out import EvalSet
     from maskgrpo_ray.pipeline.build import build_filter, build_policy, build_reward_from_settings
     from maskgrpo_ray.prompts.loading import PromptStream, keep_valid_prompts
     from maskgrpo_ray.runlog.run_log import write_json_atomic

@@ -11,8 +11,8 @@ to the YAML before validation.
 
 This module is the import point: the whole tree (:class:`Config`), its cross-section rules, and
 loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
-``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``,
-``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
+``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``),
+:mod:`maskgrpo_ray.config.learner` (``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
 :mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
 no torch and no model: a model kind's module is imported when a config naming it is validated.
 """
@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, model_validator
 from maskgrpo_ray.config import builtin
 from maskgrpo_ray.config.base import Strict
 from maskgrpo_ray.config.evidence import EvidenceConfig
+from maskgrpo_ray.config.learner import LearnerConfig
 from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
@@ -45,7 +46,6 @@ from maskgrpo_ray.config.training import (
     DiversityConfig,
     EnsembleConfig,
     FilterConfig,
-    LearnerConfig,
     RewardComponent,
     RewardConfig,
     TrainConfig,

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.evaluation.generation import ceiling_figures
 from maskgrpo_ray.evaluation.weights import export_final_policy
-from maskgrpo_ray.loop.base_eval import evaluate_base
 from maskgrpo_ray.loop.collect import GroupSource, Pending, make_source, steps_ahead
 from maskgrpo_ray.loop.executor import Executor, PhaseTimer
 from maskgrpo_ray.loop.figures import (
@@ -31,6 +29,7 @@ from maskgrpo_ray.loop.figures import (
     grid_due,
     run_summary,
 )
+from maskgrpo_ray.loop.held_out import EvalSet, evaluate_base, evaluate_held_out
 from maskgrpo_ray.loop.monitoring import Monitor
 from maskgrpo_ray.loop.recovery import (
     RUN_ENDS,
@@ -132,31 +131,6 @@ def run_step(
     return StepOutcome(row, scored, col.generated.reward_failures, grid), queue
 
 
-@dataclass(frozen=True)
-class EvalSet:
-    """Held-out prompts with their GenEval tags (one per prompt; None: untagged): evaluations
-    then also report ``eval_<key>/<tag>``."""
-
-    prompts: list[str]
-    tags: list[str | None]
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-
-def _evaluate(cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, float]:
-    """The executor's held-out evaluation and, beside it, the ceiling of its
-    ``eval_diversity/distinct`` where the world knows it (``evaluation.generation``)."""
-    if isinstance(eval_prompts, EvalSet):
-        prompts, tags = eval_prompts.prompts, eval_prompts.tags
-        out = ex.evaluate(prompts, tags)
-    else:
-        prompts, tags = eval_prompts, None
-        out = ex.evaluate(prompts)
-    out.update(ceiling_figures(cfg.model, prompts, cfg.eval.samples_per_prompt, tags))
-    return out
-
-
 def _tag_grid(loop: _Loop, name: str) -> Path | None:
     """``samples/eval_tags_<name>.png``: the first held-out prompt of each GenEval tag under the
     evaluation sampler, with the same seed for the base and the tuned model (when the run saves
@@ -215,7 +189,7 @@ class _Loop:
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step < cfg.train.steps - 1:
-            row.update(_evaluate(cfg, self.ex, self.eval_prompts))
+            row.update(evaluate_held_out(cfg, self.ex, self.eval_prompts))
         if out.grid is not None:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
@@ -262,7 +236,9 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     t0 = time.perf_counter()
     loop.base = evaluate_base(
-        loop.cfg, loop.ex.policy_state, lambda: _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
+        loop.cfg,
+        loop.ex.policy_state,
+        lambda: evaluate_held_out(loop.cfg, loop.ex, loop.eval_prompts),
     )
     loop.eval_seconds["base"] = time.perf_counter() - t0
     log.info("base model: %s", loop.base)
@@ -445,7 +421,7 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
     """The final evaluation, the exported policy, the reward curve and ``summary.json``."""
     cfg, ex = loop.cfg, loop.ex
     t0 = time.perf_counter()
-    final = _evaluate(cfg, ex, loop.eval_prompts)
+    final = evaluate_held_out(cfg, ex, loop.eval_prompts)
     loop.eval_seconds["final"] = time.perf_counter() - t0
     log.info("tuned model: %s", final)
     _tag_grid(loop, "final")

@@ -58,7 +58,7 @@ class Monitor:
     """The monitors of one run: its probe set, its rules, the alarms it has logged."""
 
     def __init__(self, cfg: Config, ex: Executor, eval_prompts: Any) -> None:
-        """``eval_prompts``: the run's held-out prompts, a list or a ``driver.EvalSet`` (its
+        """``eval_prompts``: the run's held-out prompts, a list or a ``held_out.EvalSet`` (its
         ``prompts`` and their ``tags``)."""
         m = cfg.logging.monitors
         prompts = getattr(eval_prompts, "prompts", eval_prompts)
