@@ -116,7 +116,12 @@ def main() -> None:
         return f"accuracy {f['eval_accuracy']:.3f}, distinct {f['eval_diversity/distinct']:.3f}"
 
     runs = lab.run_jobs(
-        jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit, on_done=lab.progress(34, describe)
+        jobs,
+        n_jobs=a.jobs,
+        fresh=a.fresh,
+        commit=a.commit,
+        recorded_only=a.recorded_only,
+        on_done=lab.progress(34, describe),
     )
     rows = rows_of(runs, names, ref)
     record = {"steps": a.steps, "rows": rows, "runs": runs}

@@ -227,6 +227,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--commit", action="store_true", help="commit each record as it lands")
+    ap.add_argument("--recorded-only", action="store_true", help="run nothing: what is recorded")
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_frontier.json"))
     ap.add_argument("--markdown", default="")
     ap.add_argument("--plot", default=str(lab.ROOT / "docs" / "img" / "frontier_shapes.png"))
@@ -259,7 +260,12 @@ def main() -> None:
         return f"gain {f['gain']:+.3f}, pairwise {f['pairwise']:.3f}"
 
     runs = lab.run_jobs(
-        jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit, on_done=lab.progress(44, describe)
+        jobs,
+        n_jobs=a.jobs,
+        fresh=a.fresh,
+        commit=a.commit,
+        recorded_only=a.recorded_only,
+        on_done=lab.progress(44, describe),
     )
     rows = table(runs, names, seeds, world)
     md = markdown(rows, seeds, a.steps, a.config)

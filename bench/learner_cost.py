@@ -219,6 +219,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
     ap.add_argument("--commit", action="store_true", help="commit each record as it lands")
+    ap.add_argument("--recorded-only", action="store_true", help="run nothing: what is recorded")
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_learner_cost.json"))
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
@@ -243,7 +244,12 @@ def main() -> None:
         return f"AUC {f['auc']:.3f}, final {f['final']:.3f}, distinct {f['distinct']:.3f}"
 
     runs = lab.run_jobs(
-        jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit, on_done=lab.progress(34, describe)
+        jobs,
+        n_jobs=a.jobs,
+        fresh=a.fresh,
+        commit=a.commit,
+        recorded_only=a.recorded_only,
+        on_done=lab.progress(34, describe),
     )
     rows, md = table(runs, names, seeds)
     power = resolving_power(rows)

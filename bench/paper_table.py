@@ -255,7 +255,12 @@ def main() -> None:
         )
 
     runs = lab.run_jobs(
-        jobs, n_jobs=a.jobs, fresh=a.fresh, commit=a.commit, on_done=lab.progress(36, describe)
+        jobs,
+        n_jobs=a.jobs,
+        fresh=a.fresh,
+        commit=a.commit,
+        recorded_only=a.recorded_only,
+        on_done=lab.progress(36, describe),
     )
     t = table(runs, names, seeds)
     md = markdown(t, seeds, a.steps)

@@ -210,10 +210,12 @@ def run_jobs(
     fresh: bool = False,
     on_done: Callable[[dict[str, Any], int, int], None] | None = None,
     commit: bool = False,
+    recorded_only: bool = False,
 ) -> list[dict[str, Any]]:
     """Every job's record, from the records or run now (``n_jobs`` processes, spawn), in the
     order of ``jobs``. Each new record is written as soon as its run ends (and, with
-    ``commit``, committed to the repository's current branch, that file alone)."""
+    ``commit``, committed to the repository's current branch, that file alone).
+    ``recorded_only``: run nothing, return the recorded ones (a batch's table so far)."""
     cache.mkdir(parents=True, exist_ok=True)
     found: dict[Job, dict[str, Any]] = {}
     if not fresh:
@@ -223,6 +225,8 @@ def run_jobs(
                 found[j] = rec
     todo = [j for j in dict.fromkeys(jobs) if j not in found]
     print(f"{len(found)} of {len(found) + len(todo)} runs recorded; {len(todo)} to run", flush=True)
+    if recorded_only:
+        return [found[j] for j in jobs if j in found]
     if todo:
         _pretrain(todo)
         done = 0
@@ -357,6 +361,9 @@ def experiment_parser(doc: str, seeds: str, steps: int, results: str) -> argpars
     ap.add_argument("--fresh", action="store_true", help="ignore recorded runs")
     ap.add_argument(
         "--commit", action="store_true", help="commit each run's record as it lands (git)"
+    )
+    ap.add_argument(
+        "--recorded-only", action="store_true", help="run nothing: the table of what is recorded"
     )
     ap.add_argument("--out", default=str(ROOT / "bench" / results))
     ap.add_argument("--markdown", default="")
