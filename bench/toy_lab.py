@@ -56,7 +56,12 @@ COMMON = [
     "run.export_final_policy=false",
     "eval.gumbel_temperature=0.0",
     "eval.sampler=showo",
+    # the base's evaluation once per seed (and base): a run reads it back (maskgrpo_ray/loop/
+    # base_eval.py; what a run learns is unchanged, so the field is not in the record's key)
+    "eval.reuse_base_evaluation=true",
 ]
+# settings that cannot change what a run learns or reports: left out of the record's key
+NOT_IN_KEY = ("evidence", "eval.reuse_base_evaluation")
 
 # two-sided 95% Student t quantiles by degrees of freedom
 T975 = {
@@ -100,10 +105,9 @@ class Job:
         ``evidence`` section, which cites a result and cannot change one, left out) and
         :data:`LAB_VERSION`."""
         resolved = self.resolved()
-        resolved.pop(
-            "evidence", None
-        )  # the evidence a config cites cannot change what a run learns
+        resolved.pop("evidence", None)  # a config's citation cannot change what a run learns
         changed = non_default(resolved, schema_defaults())
+        changed = {k: v for k, v in changed.items() if k not in NOT_IN_KEY}
         blob = json.dumps([LAB_VERSION, changed], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -27,3 +27,12 @@ def test_key_ignores_an_explicit_default_and_sees_a_change():
     other_seed = lab.Job("ref", (), 1, 60, config="configs/shapes.yaml")
     assert job.key() == explicit.key()
     assert len({job.key(), changed.key(), other_seed.key()}) == 3
+
+
+def test_reusing_the_base_evaluation_keeps_the_key():
+    base = lab.Job("ref", (), 0, 60, config="configs/shapes.yaml")
+    assert "eval.reuse_base_evaluation=true" in base.all_overrides()
+    without = lab.Job(
+        "ref", ("eval.reuse_base_evaluation=false",), 0, 60, config="configs/shapes.yaml"
+    )
+    assert base.key() == without.key()

@@ -50,6 +50,14 @@ class EvalConfig(Strict):
         description="prompts per evaluation work unit; a unit's seed depends on its index only, "
         "so the images are the same whatever the number of rollout actors",
     )
+    reuse_base_evaluation: bool = Field(
+        False,
+        description="keep the base model's held-out evaluation on disk "
+        "($MASKGRPO_CACHE_DIR/base_eval/) and reuse it in later runs with the same base weights "
+        "(hashed), model, data, rollout, reward, evaluation settings and run.seed: recipes "
+        "compared on a seed evaluate the base once (the evaluation draws from its own seeded "
+        "generators, so skipping it changes nothing a run learns); a reuse is logged",
+    )
     geneval: GenEvalJudgeConfig | None = Field(
         None,
         description="GenEval's scorer (Mask2Former + CLIP colours + GenEval's rule) for a real "

@@ -20,6 +20,7 @@ from typing import Any
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.evaluation.generation import ceiling_figures
 from maskgrpo_ray.evaluation.weights import export_final_policy
+from maskgrpo_ray.loop.base_eval import evaluate_base
 from maskgrpo_ray.loop.collect import GroupSource, Pending, make_source, steps_ahead
 from maskgrpo_ray.loop.executor import Executor, PhaseTimer
 from maskgrpo_ray.loop.figures import (
@@ -251,7 +252,9 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
         return start_step
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     t0 = time.perf_counter()
-    loop.base = _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
+    loop.base = evaluate_base(
+        loop.cfg, loop.ex.policy_state, lambda: _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
+    )
     loop.eval_seconds["base"] = time.perf_counter() - t0
     log.info("base model: %s", loop.base)
     loop.base_grid = _tag_grid(loop, "base")

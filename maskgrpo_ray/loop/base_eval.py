@@ -1,0 +1,84 @@
+"""The base model's held-out evaluation, kept on disk and reused (``eval.reuse_base_evaluation``).
+
+Every recipe trained on one seed starts from the same base model and evaluates it with the same
+fixed-seed sampler, so a batch of recipes evaluates the same model again and again. With the
+field on, the first run writes its base evaluation to
+``$MASKGRPO_CACHE_DIR/base_eval/<key>.json`` and later runs with the same key read it back. The
+key hashes everything the evaluation depends on: the base weights the executor holds (every
+trainable tensor's bytes, in name order: the pre-trained world or checkpoint, or a LoRA
+adapter's initial weights; frozen weights behind a LoRA are named by the model section's path),
+the model, data, rollout, reward and evaluation sections and ``run.seed``. The evaluation draws
+from generators seeded by its own settings (``evaluation.generation``), never from the training
+streams, so skipping it leaves what a run learns unchanged (a test compares the rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from maskgrpo_ray.config import Config
+
+log = logging.getLogger(__name__)
+
+SECTIONS = ("model", "data", "rollout", "reward", "eval")
+VERSION = 1  # bump when the evaluation's code changes what it reports
+
+
+def cache_dir() -> Path:
+    """``$MASKGRPO_CACHE_DIR/base_eval`` (default ``~/.cache/maskgrpo-ray/base_eval``)."""
+    root = Path(os.environ.get("MASKGRPO_CACHE_DIR", Path.home() / ".cache" / "maskgrpo-ray"))
+    return root / "base_eval"
+
+
+def weights_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def key_of(cfg: Config, state: Mapping[str, torch.Tensor]) -> str:
+    """The evaluation's key: the base weights' digest, the sections it depends on, the seed."""
+    dumped = cfg.model_dump(mode="json")
+    parts = {s: dumped[s] for s in SECTIONS}
+    blob = json.dumps(
+        [VERSION, weights_digest(state), cfg.run.seed, parts], sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def evaluate_base(
+    cfg: Config,
+    state: Callable[[], Mapping[str, torch.Tensor]],
+    evaluate: Callable[[], dict[str, float]],
+) -> dict[str, float]:
+    """``evaluate()``, or its kept result where ``eval.reuse_base_evaluation`` finds one (and
+    the result kept for the next run). ``state`` gives the base weights (called only when the
+    field is on)."""
+    if not cfg.eval.reuse_base_evaluation:
+        return evaluate()
+    path = cache_dir() / f"{key_of(cfg, state())}.json"
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("base evaluation %s unreadable (%s): evaluating again", path, e)
+        else:
+            log.info("base model: evaluation reused from %s (eval.reuse_base_evaluation)", path)
+            return {k: float(v) for k, v in found.items()}
+    out = evaluate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)  # atomic: two runs racing write the same figures
+    return out

@@ -1,0 +1,65 @@
+"""``eval.reuse_base_evaluation``: a batch of recipes on one seed evaluates the base once.
+
+The second run with the same base, settings and seed reads the first's base evaluation (and
+says so in the log); a run with another seed or another evaluation setting evaluates again;
+and what a run learns is the same with and without the reuse (its training rows equal)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from tiny_runs import NO_GRIDS, tiny_toy
+
+from maskgrpo_ray.cli import main
+from maskgrpo_ray.loop import base_eval
+
+STEPS = tiny_toy(3, 2, NO_GRIDS, "eval.every_steps=0", "run.export_final_policy=false")
+SKIP = ("time/", "step_seconds", "samples_per_second", "learner_busy_fraction", "bytes/")
+
+
+def _train(run, *extra):
+    args = ["train", "--backend", "local", "--run-dir", str(run)]
+    for s in [*STEPS, *extra]:
+        args += ["--set", s]
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    return [{k: v for k, v in r.items() if not k.startswith(SKIP)} for r in rows], summary
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "base_eval"
+
+
+def test_the_second_run_reuses_and_learns_the_same(tmp_path, cache, caplog):
+    plain_rows, plain = _train(tmp_path / "plain")
+    assert not cache.exists()  # off by default: nothing kept
+    first_rows, first = _train(tmp_path / "a", "eval.reuse_base_evaluation=true")
+    assert len(list(cache.glob("*.json"))) == 1
+    caplog.set_level(logging.INFO, logger=base_eval.__name__)
+    second_rows, second = _train(tmp_path / "b", "eval.reuse_base_evaluation=true")
+    assert any("evaluation reused" in r.getMessage() for r in caplog.records)
+    assert second["base_eval"] == first["base_eval"] == plain["base_eval"]
+    # the evaluation draws from its own seeded generators: the training is untouched
+    assert plain_rows == first_rows == second_rows
+    assert second["final_eval"] == plain["final_eval"]
+
+
+def test_another_seed_or_evaluation_setting_evaluates_again(tmp_path, cache):
+    _train(tmp_path / "a", "eval.reuse_base_evaluation=true")
+    _train(tmp_path / "b", "eval.reuse_base_evaluation=true", "run.seed=1")
+    _train(tmp_path / "c", "eval.reuse_base_evaluation=true", "eval.samples_per_prompt=2")
+    assert len(list(cache.glob("*.json"))) == 3
+
+
+def test_the_key_sees_the_weights():
+    import torch
+
+    a = {"w": torch.zeros(3)}
+    b = {"w": torch.tensor([0.0, 0.0, 1e-7])}
+    assert base_eval.weights_digest(a) != base_eval.weights_digest(b)
+    assert base_eval.weights_digest(a) == base_eval.weights_digest({"w": torch.zeros(3)})
