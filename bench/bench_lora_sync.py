@@ -4,9 +4,9 @@
         [--dtype bfloat16] [--repeats 2] [--no-full] [--out bench/results_lora_sync.json]
 
 The tensors are the real ones' shapes: the full-size Show-o 512 checkpoint's parameter list
-(``../shared/fixtures/showo_reference/showo_512_state_keys.json``, made from the official
-release), filled with random values. A LoRA adapter of rank ``r`` on a linear weight
-``[out, in]`` is ``A [r, in]`` and ``B [out, r]``: the adapter tensors peft creates for the
+(``tests/fixtures/showo_reference/showo_512_state_keys.json``, made from the official
+showlab/Show-o classes), filled with random values. A LoRA adapter of rank ``r`` on a linear
+weight ``[out, in]`` is ``A [r, in]`` and ``B [out, r]``: the adapter tensors peft creates for the
 ``--targets`` layers (name suffixes, as ``model.lora.target_modules``), float32 as peft keeps
 them. Both are pushed from one sender actor (learner rank 0) to one receiver actor (a rollout
 actor) on a local Ray cluster, by the two syncs a run uses (``learner.weight_sync``):
@@ -29,7 +29,7 @@ import torch
 from bench.bench_weight_sync import time_transports
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = ROOT.parent / "shared" / "fixtures" / "showo_reference" / "showo_512_state_keys.json"
+KEYS = ROOT / "tests" / "fixtures" / "showo_reference" / "showo_512_state_keys.json"
 
 
 def shapes(path: Path = KEYS) -> dict[str, tuple[int, ...]]:

@@ -31,35 +31,28 @@ fault-free run's (max |difference|, bit-equal or not); recovery seconds per faul
 the fault to the executor's "replaced" / "restored" event; for SIGTERM, signal to exit), median
 and max; every death counted in the row metrics (``*_actor_restarts``, ``learner_restarts``);
 throughput (samples/s) of the fault-free steps against the steps right after a recovery.
-``tests/test_chaos_soak.py`` runs a short plan (a few faults, about two minutes) in CI.
+``tests/test_chaos_soak.py`` runs a short plan (a few faults, about two minutes) in CI. Files:
+``chaos_plan.py`` (which fault, when), ``chaos_inject.py`` (injecting them into the running
+run); this file runs the two runs and reports.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
-import random
-import signal
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench import fault_drill  # (the drill's command, rows and group accounting)
+from bench.chaos_inject import Chaos, truncate_newest_checkpoint
+from bench.chaos_plan import CHECKPOINT_EVERY, KINDS, MOMENTS, RESTORE, Fault, plan_faults
 
 ROOT = Path(__file__).resolve().parents[1]
-
-KINDS = ("rollout", "reward", "filter", "learner")
-MOMENTS = ("start", "random", "sync", "checkpoint", "ahead")
-RESTORE = "restore"  # a learner rank of the group being restored after a learner fault
-CHECKPOINT_EVERY = 3
 SOAK_SETTINGS = [
     "rollout.max_policy_lag=1",
     f"run.checkpoint_every_steps={CHECKPOINT_EVERY}",
@@ -82,217 +75,15 @@ RECOVERED = {
 }
 
 
-@dataclass
-class Fault:
-    step: int
-    kind: str  # one of KINDS, or "sigterm"
-    moment: str  # one of MOMENTS ("start" for sigterm)
-    delay_s: float = 0.0  # "random": seconds after the step's start
-    rank: int = 0  # "learner": which rank is killed
-    t: float | None = None  # when it was delivered (monotonic)
-    segment: int | None = None  # 0: before the SIGTERM, 1: the resumed process
-    note: str = ""
-
-
-def checkpoint_step(step: int) -> bool:
-    """A checkpoint is written after ``step`` (the one at ``step + 1``)."""
-    return (step + 1) % CHECKPOINT_EVERY == 0
-
-
-def has_ahead(step: int, steps: int) -> bool:
-    """``step``'s update runs with the next step's rollouts in flight (lag 1, no checkpoint
-    between them, not the last step)."""
-    return step + 1 < steps and not checkpoint_step(step)
-
-
-def plan_faults(seed: int, steps: int, n: int, restore: bool = True) -> list[Fault]:
-    """``n`` faults and one SIGTERM on distinct steps of ``1 .. steps - 3``; every kind and
-    every moment at least once where ``n`` allows (a checkpoint moment on a checkpoint step, an
-    ahead moment on a step with rollouts ahead). ``restore``: one more, a learner rank killed
-    during the restore that the first learner fault causes (it shares that fault's step)."""
-    rng = random.Random(seed)
-    usable = list(range(1, steps - 2))
-    if n + 1 > len(usable):
-        raise ValueError(f"{n} faults and a SIGTERM need {n + 1} steps in 1..{steps - 3}")
-    sigterm = usable[len(usable) // 2 + rng.randrange(-1, 2)]
-    free = [s for s in usable if s != sigterm]
-    combos = [(k, m) for m in MOMENTS for k in KINDS]
-    rng.shuffle(combos)
-    # the first picks cover every moment (learner at the checkpoint and the sync first: the
-    # hardest) and every kind, the rest are drawn freely
-    wanted = [
-        ("learner", "checkpoint"),
-        ("learner", "sync"),
-        ("rollout", "ahead"),
-        ("reward", "random"),
-        ("filter", "start"),
-    ]
-    picks = wanted[:n] + [rng.choice(combos) for _ in range(max(n - len(wanted), 0))]
-    faults = []
-    for kind, moment in picks:
-        if moment == "checkpoint":
-            cands = [s for s in free if checkpoint_step(s)]
-        elif moment == "ahead":
-            cands = [s for s in free if has_ahead(s, steps)]
-        else:
-            cands = list(free)
-        if not cands:
-            moment, cands = "start", list(free)
-        s = rng.choice(cands)
-        free.remove(s)
-        faults.append(Fault(s, kind, moment, delay_s=rng.uniform(0.0, 0.3), rank=rng.randrange(2)))
-    faults.append(Fault(sigterm, "sigterm", "start"))
-    learner = sorted(f.step for f in faults if f.kind == "learner")
-    if restore and learner:
-        faults.append(Fault(learner[0], "learner", RESTORE, rank=rng.randrange(2)))
-    return sorted(faults, key=lambda f: f.step)
-
-
-def _pid(ex: Any, f: Fault) -> int:
-    if f.kind == "learner":
-        return ex.learner.pids()[f.rank]
-    if f.kind == "rollout":
-        return fault_drill._pid(
-            ex.fleet.rollout_handle(ex.fleet.rollout_actor_ids()[0]).pid.remote()
-        )
-    if f.kind == "reward":
-        return fault_drill._pid(ex.fleet.rewards.members[0].handle.pid.remote())
-    return fault_drill._pid(ex.filters.actor.pid.remote())
-
-
-class Chaos:
-    """Delivers a plan's faults from hooks around ``driver.run_step`` and the executor's
-    ``update``, ``sync_weights`` and ``save`` (the only test hooks: the faults themselves are
-    real signals to real processes). Each fault is delivered once, the first time its step
-    and moment come (a step replayed after a learner roll-back gets none twice)."""
-
-    def __init__(self, faults: list[Fault]) -> None:
-        self.faults = faults
-        self.step: int | None = None
-        self.ahead = 0
-        self.segment = 0
-        self.executors: list[Any] = []
-        self.rows: list[dict[str, Any]] = []  # every logged row, replays included
-        self.timers: list[threading.Timer] = []
-        self.in_step = False
-        self.recovering = False
-
-    def _due(self, moment: str) -> Fault | None:
-        for f in self.faults:
-            if f.t is not None or f.moment != moment or self.step is None:
-                continue
-            if f.step == self.step or (moment == RESTORE and f.step <= self.step):
-                return f
-        return None
-
-    def _deliver(self, ex: Any, f: Fault, pid: int | None = None) -> None:
-        f.t, f.segment = time.monotonic(), self.segment
-        if f.kind == "sigterm":
-            for t in self.timers:
-                t.cancel()
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        try:
-            os.kill(pid if pid is not None else _pid(ex, f), signal.SIGKILL)
-        except ProcessLookupError:  # it died before the signal came: counted as not delivered
-            f.t, f.note = -1.0, "the process was already gone"
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        from maskgrpo_ray.backend.executor import RayExecutor
-        from maskgrpo_ray.loop import driver
-        from maskgrpo_ray.loop.recovery import Checkpoints
-
-        real_step, real_loop_step = driver.run_step, driver._Loop.step
-        real_recover = Checkpoints.recover_learner
-        real = {n: getattr(RayExecutor, n) for n in ("update", "sync_weights", "save", "load")}
-        chaos = self
-
-        def run_step(ex, settings, s, source, pending=None, *, ahead=0):  # noqa: ANN001, ANN202
-            if ex not in chaos.executors:
-                chaos.executors.append(ex)
-            chaos.step, chaos.ahead, chaos.in_step = s, ahead, True
-            if s >= settings.steps - 1:  # no timer reaches the final evaluation
-                for t in chaos.timers:
-                    t.cancel()
-            f = chaos._due("start")
-            if f is not None:
-                chaos._deliver(ex, f)
-            f = chaos._due("random")
-            if f is not None:
-                pid = _pid(ex, f)  # looked up now; the timer thread only signals
-                f.t = -1.0  # taken (the timer sets the delivery time)
-                timer = threading.Timer(f.delay_s, lambda: chaos._deliver(ex, f, pid))
-                timer.daemon = True
-                chaos.timers.append(timer)
-                timer.start()
-            try:
-                return real_step(ex, settings, s, source, pending, ahead=ahead)
-            finally:
-                chaos.in_step = False
-
-        def loop_step(self_, step, stop):  # noqa: ANN001, ANN202
-            row = real_loop_step(self_, step, stop)
-            chaos.rows.append({**row, "segment": chaos.segment, "t": time.monotonic()})
-            return row
-
-        def recover_learner(self_, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-            chaos.recovering = True
-            try:
-                return real_recover(self_, *args, **kw)
-            finally:
-                chaos.recovering = False
-
-        def hooked(name: str, moment: str) -> Any:
-            def call(ex, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-                f = chaos._due(moment)
-                if moment == RESTORE and not chaos.recovering:
-                    f = None  # a resume's restore (before the loop) is not a recovery
-                if f is not None and (moment != "sync" or chaos.in_step):
-                    if moment == "ahead" and not chaos.ahead:
-                        f.note = "no rollout was ahead at this update"
-                    chaos._deliver(ex, f)
-                return real[name](ex, *args, **kw)
-
-            return call
-
-        driver.run_step = run_step
-        driver._Loop.step = loop_step
-        RayExecutor.update = hooked("update", "ahead")
-        RayExecutor.sync_weights = hooked("sync_weights", "sync")
-        RayExecutor.save = hooked("save", "checkpoint")
-        RayExecutor.load = hooked("load", RESTORE)
-        Checkpoints.recover_learner = recover_learner
-        try:
-            yield
-        finally:
-            for t in self.timers:
-                t.cancel()
-            driver.run_step, driver._Loop.step = real_step, real_loop_step
-            Checkpoints.recover_learner = real_recover
-            for n, fn in real.items():
-                setattr(RayExecutor, n, fn)
-
-
 class _Lines(logging.Handler):
+    """The run's warnings, kept for the report."""
+
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
-
-
-def truncate_newest_checkpoint(run_dir: Path) -> str:
-    """Cut the largest file of the checkpoint ``latest`` names to half its size."""
-    root = run_dir / "checkpoints"
-    name = (root / "latest").read_text().strip()
-    biggest = max(
-        (p for p in (root / name).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
-    )
-    data = biggest.read_bytes()
-    biggest.write_bytes(data[: len(data) // 2])
-    return str(biggest.relative_to(root))
 
 
 def run_soak(run_dir: Path, steps: int, faults: list[Fault] | None) -> dict[str, Any]:

@@ -8,11 +8,14 @@
 #   3. a short Ray job per weight sync (tiny random Show-o, a rollout actor and a learner rank
 #      sharing the GPU with fractional num_gpus): `auto` (the collective) and `object_store`;
 #   4. the `gpu` tests;
-#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json);
+#   5. bench/bench_gpu.py at 256 and 512 px (its JSON to $OUT/bench_gpu.json; its sections in
+#      bench/gpu_rollout.py, gpu_learner.py, gpu_weight_sync.py, gpu_common.py);
 #   6. bench/bench_reward_gpu.py: the reward models at full size (CLIP ViT-H-14 and ViT-L-14,
-#      Mask2Former Swin-S), its JSON to $OUT/bench_reward_gpu.json.
+#      Mask2Former Swin-S), its JSON to $OUT/bench_reward_gpu.json;
+#   7. bench/bench_gpu_shrinkage.py: trajectory shrinkage s = 1, 2, 4 on the learner at 512 px,
+#      its JSON to $OUT/bench_gpu_shrinkage.json.
 #
-#   SECTIONS=env,nccl,ray,tests,bench,reward bash bench/device_session.sh \
+#   SECTIONS=env,nccl,ray,tests,bench,reward,shrinkage bash bench/device_session.sh \
 #       [BENCH_TIMEOUT_S (default 300)] [BUDGET_SCALE (default 0.55)]
 # SECTIONS (default: all of them) picks the steps; the install always runs.
 set -uo pipefail
@@ -21,7 +24,7 @@ OUT="${OUT:-/tmp/device_out}"
 mkdir -p "$OUT"
 bench_timeout="${1:-300}"
 budget_scale="${2:-0.55}"
-sections=",${SECTIONS:-env,nccl,ray,tests,bench,reward},"
+sections=",${SECTIONS:-env,nccl,ray,tests,bench,reward,shrinkage},"
 want() { [[ $sections == *",$1,"* ]]; }
 t0=$(date +%s)
 say() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -57,12 +60,12 @@ if want nccl; then
 fi
 
 want ray && say "3. Ray jobs on the GPU (tiny random Show-o, fractional GPU shares)"
-# from outside the checkout: its maskgrpo_ray/ would shadow the installed package's actors
-repo=$PWD
+# from the repository root: the checkout's maskgrpo_ray/ is a whole package (its actors and
+# learner reach the top-level folders), so the workers run the checkout's code
 for sync in auto object_store; do
     want ray || break
-    (cd /tmp && timeout 100 python3 -m maskgrpo_ray.cli train \
-        --config "$repo/configs/showo_tiny_random.yaml" \
+    (timeout 100 python3 -m maskgrpo_ray.cli train \
+        --config configs/showo_tiny_random.yaml \
         --run-dir "/tmp/ray_$sync" \
         --set rollout.num_gpus_per_actor=0.4 --set learner.num_gpus_per_worker=0.4 \
         --set learner.weight_sync=$sync --set train.steps=3 \
@@ -93,5 +96,12 @@ if want reward; then
         >"$OUT/bench_reward_gpu.log" 2>&1
     echo "rc $?" >>"$OUT/bench_reward_gpu.log"
     tail -30 "$OUT/bench_reward_gpu.log"
+fi
+if want shrinkage; then
+    say "7. bench/bench_gpu_shrinkage.py"
+    timeout 200 python3 -m bench.bench_gpu_shrinkage --out "$OUT/bench_gpu_shrinkage.json" \
+        >"$OUT/bench_gpu_shrinkage.log" 2>&1
+    echo "rc $?" >>"$OUT/bench_gpu_shrinkage.log"
+    tail -12 "$OUT/bench_gpu_shrinkage.log"
 fi
 say "done"

@@ -132,6 +132,7 @@ def run_one(fault: str | None, run_dir: Path, extra: list[str] | None = None) ->
     with fault_at(fault, FAULT_STEP, record):
         rc = _train(run_dir, list(extra or []))
     out: dict[str, Any] = {"fault": fault, "exit_codes": [rc], "wall_s": time.monotonic() - t0}
+    out["run_dir"] = str(run_dir)
     if fault == "sigterm":  # the job is retried with the same command: it resumes
         out["signal_to_exit_s"] = time.monotonic() - record["t_fault"]
         out["first_summary"] = json.loads((run_dir / "summary.json").read_text())

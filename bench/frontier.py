@@ -106,14 +106,16 @@ def keeps(ref_gains: list[float], diffs: list[float]) -> dict:
 
 def learner_work(config: str, overrides: list[str]) -> dict[str, float]:
     """The recipe's learner forward(-backward) passes per image and per driver step, and the
-    pair-equivalents the planner charges (with shrinkage's no-grad recompute)."""
+    pair-equivalents the planner charges (with shrinkage's no-grad recompute; the per-pair
+    scoring share of the Show-o 512 profile, which shrinkage does not share)."""
     from maskgrpo_ray.config import load_config
-    from maskgrpo_ray.planner.cost_model import workload_of
+    from maskgrpo_ray.planner.cost_model import PROFILES, workload_of
 
     w = workload_of(load_config(lab.ROOT / config, overrides))
     passes = w.forward_passes_per_sample * w.updates_per_batch
+    pairs = w.learner_pairs(PROFILES["showo_512_h100"].learner_scoring_share)
     return {"passes_per_image": passes, "passes_per_step": passes * w.images,
-            "pairs_per_image": w.pairs_per_sample, "unmasking_steps": w.unmasking_steps}  # fmt: skip
+            "pairs_per_image": pairs, "unmasking_steps": w.unmasking_steps}  # fmt: skip
 
 
 def planner(overrides: list[str], gpus: int = GPUS) -> dict[str, float | str]:

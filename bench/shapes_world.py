@@ -186,7 +186,7 @@ def main() -> None:
 
         policy.load_state_dict(load_file(a.weights), strict=False)
     world = policy_spec(cfg.model.shapes).world
-    out: dict = {"config": a.config, "weights": a.weights or "base"}
+    out: dict = {"config": _portable(a.config), "weights": _portable(a.weights) or "base"}
     out["detector"] = detector_figures(world, policy.codebook, a.renders)
     out["reward_on_renders"] = agreement(reward, n=1024)
     _, held = scenes.split_prompts()
@@ -195,6 +195,15 @@ def main() -> None:
     out["seconds"] = time.perf_counter() - t0
     print(json.dumps(out, indent=1))
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _portable(path: str | None) -> str | None:
+    """A path as a results file records it: relative to the repository when inside it, else
+    its last two parts (a run folder and a file): no machine's absolute path in tracked files."""
+    if not path:
+        return path
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(Path(*p.parts[-2:]))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ elsewhere, so figures are compared paired by seed *on one machine*, never across
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +35,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench import lab_records as records
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "records"  # committed: small JSON, one a finished run
@@ -57,7 +58,7 @@ COMMON = [
     "eval.gumbel_temperature=0.0",
     "eval.sampler=showo",
     # the base's evaluation once per seed (and base): a run reads it back (maskgrpo_ray/loop/
-    # base_eval.py; what a run learns is unchanged, so the field is not in the record's key)
+    # held_out.py; what a run learns is unchanged, so the field is not in the record's key)
     "eval.reuse_base_evaluation=true",
 ]
 # settings that cannot change what a run learns or reports: left out of the record's key
@@ -106,63 +107,10 @@ class Job:
         :data:`LAB_VERSION`."""
         resolved = self.resolved()
         resolved.pop("evidence", None)  # a config's citation cannot change what a run learns
-        changed = non_default(resolved, schema_defaults())
+        changed = records.non_default(resolved, records.schema_defaults())
         changed = {k: v for k, v in changed.items() if k not in NOT_IN_KEY}
         blob = json.dumps([LAB_VERSION, changed], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def schema_defaults() -> dict[str, Any]:
-    """Every config field's schema default as ``{"section.field": value}`` (JSON values; a
-    field without a default is absent)."""
-    from pydantic import BaseModel
-
-    from maskgrpo_ray.config import Config
-
-    out: dict[str, Any] = {}
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-            elif not f.is_required():
-                v = f.get_default(call_default_factory=True)
-                # a default with no JSON form: its field is always in the key
-                with contextlib.suppress(TypeError):
-                    out[f"{prefix}{name}"] = json.loads(json.dumps(_jsonable(v)))
-
-    walk(Config, "")
-    return out
-
-
-def _jsonable(v: Any) -> Any:
-    from pydantic import BaseModel
-
-    if isinstance(v, BaseModel):
-        return v.model_dump(mode="json")
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    return v
-
-
-def non_default(resolved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """The flattened ``resolved`` config's fields whose value is not the schema default."""
-    flat: dict[str, Any] = {}
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            path = f"{prefix}{k}"
-            if path in defaults:  # a field with a default: kept where it differs
-                if defaults[path] != v:
-                    flat[path] = v
-            elif isinstance(v, dict):  # a section: its fields
-                walk(v, path + ".")
-            else:  # a field without a default (or one whose default has no JSON form)
-                flat[path] = v
-
-    walk(resolved, "")
-    return flat
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -283,30 +231,14 @@ def run_jobs(
                 path = cache / f"{job.key()}.json"
                 path.write_text(json.dumps(rec) + "\n")
                 if commit:
-                    commit_record(path, f"{job.variant}, seed {job.seed}, {job.steps} steps")
+                    records.commit_record(
+                        ROOT, path, f"{job.variant}, seed {job.seed}, {job.steps} steps"
+                    )
                 found[job] = rec
                 done += 1
                 if on_done is not None:
                     on_done(rec, done, len(todo))
     return [found[j] for j in jobs]
-
-
-def commit_record(path: Path, what: str) -> None:
-    """Commit one record file (and nothing else) to the checkout's current branch; a failure
-    is said in one line and the batch goes on (the record stays on disk)."""
-    import subprocess
-
-    git = ["git", "-C", str(ROOT)]
-    try:
-        subprocess.run([*git, "add", "--", str(path)], check=True, capture_output=True)
-        subprocess.run(
-            [*git, "commit", "-q", "-m", f"bench record: {what} ({path.stem})", "--", str(path)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError) as e:
-        err = getattr(e, "stderr", b"") or b""
-        print(f"record {path.name} not committed: {err.decode(errors='replace').strip() or e}")
 
 
 def _pretrain(jobs: Sequence[Job]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,11 @@ ERROR_GRACE_S = 30.0  # after one rank's error, how long the others may take to 
 def reduce_rank_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
     """Combine the ranks' metrics: ``*_max`` by max, ``abs_log_ratio_worst_step`` from the rank
     holding that max, the rest by mean (each rank's share; ``abs_log_ratio_p90`` becomes the
-    mean of the ranks' 90th percentiles, an approximation)."""
+    mean of the ranks' 90th percentiles, an approximation), over the ranks that report the
+    key (a figure a rank did not measure, such as the on-policy check under trajectory
+    shrinkage without a block start in its shard, is absent there, not 0)."""
     keys = set().union(*outs)
-    out = {k: sum(o.get(k, 0.0) for o in outs) / len(outs) for k in keys}
+    out = {k: statistics.fmean(o[k] for o in outs if k in o) for k in keys}
     for k in keys:
         if k.endswith("_max"):
             out[k] = max(o[k] for o in outs if k in o)
@@ -122,7 +125,9 @@ class LearnerGroup:
             shards = [batch.shard(r, w) for r in range(w)]
             sizes = [s.num_samples for s in shards]
             args = [(ray.put(shard), None) for shard in shards]
-        per_rank = [backward_calls(self.settings.update, n, k) for n in sizes]
+        up = self.settings.update
+        rows = plan.rows_per_sample(up.shrinkage, up.num_steps)
+        per_rank = [backward_calls(up, n, rows) for n in sizes]
         calls = max(max(per_rank), 1)
         n = batch.num_samples
         outs = self.gather(

@@ -134,6 +134,8 @@ class DeepSpeedOptimizing:
         self.engine, self.worker = engine, worker
         self.module: MaskedImagePolicy = engine.module
         self.reduces_in_backward = worker.learner.zero_stage >= 2
+        # ZeRO-3 gathers each layer's parameters inside its forward: a collective
+        self.collective_forward = worker.learner.zero_stage == 3
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.engine.optimizer, lr)

@@ -1,8 +1,8 @@
 """Shared helpers for the Show-o / MAGVIT-v2 tests: the fixture folder and models built from it.
 
-The fixture folder comes from ``SHOWO_REFERENCE_FIXTURES`` (absolute, or relative to the working
-directory or the repository root); default ``../shared/fixtures/showo_reference`` beside the
-repository. Every size is read from the config files there.
+The fixture folder is ``tests/fixtures/showo_reference`` in the repository (its README says where
+each file came from); ``SHOWO_REFERENCE_FIXTURES`` overrides it (absolute, or relative to the
+working directory or the repository root). Every size is read from the config files there.
 """
 
 from __future__ import annotations
@@ -25,21 +25,24 @@ from maskgrpo_ray.models.showo_prompting import IntegerIdTokenizer, ShowoVocab
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "SHOWO_REFERENCE_FIXTURES"
-DEFAULT = Path("..") / "shared" / "fixtures" / "showo_reference"
+DEFAULT = Path("tests") / "fixtures" / "showo_reference"
 
 
 @functools.cache
 def fixture_dir() -> Path:
     """The fixture folder; a test that needs it fails (never skips) when it is not found.
 
-    CI always has ``../shared`` beside the repository, so a missing folder is a broken checkout
-    or a wrong variable, not a reason to pass silently.
+    The default lives in the repository, so a missing folder is a broken checkout or a wrong
+    variable, not a reason to pass silently.
     """
     given = os.environ.get(ENV_VAR)
-    raw = Path(given).expanduser() if given else DEFAULT
-    candidates = (
-        [raw] if raw.is_absolute() else list(dict.fromkeys([Path.cwd() / raw, REPO_ROOT / raw]))
-    )
+    if not given:
+        candidates = [REPO_ROOT / DEFAULT]
+    else:
+        raw = Path(given).expanduser()
+        candidates = (
+            [raw] if raw.is_absolute() else list(dict.fromkeys([Path.cwd() / raw, REPO_ROOT / raw]))
+        )
     for c in candidates:
         if (c / "tiny_showo_config.json").is_file():
             return c.resolve()
@@ -47,8 +50,8 @@ def fixture_dir() -> Path:
     looked = ", ".join(str(c) for c in candidates)
     pytest.fail(
         f"Show-o reference fixtures not found: no tiny_showo_config.json from {source}; "
-        f"looked in {looked}. Put the shared folder beside the repository "
-        f"(../shared/fixtures/showo_reference) or set {ENV_VAR}=/path/to/showo_reference "
+        f"looked in {looked}. Restore the repository's {DEFAULT} (git checkout -- {DEFAULT}) "
+        f"or set {ENV_VAR}=/path/to/showo_reference "
         "(absolute, or relative to the working directory or the repository root).",
         pytrace=False,
     )
@@ -149,7 +152,7 @@ def reference_t2i_generate(
     generator: torch.Generator,
     gumbel_temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Show-o's sampling loop as the architecture notes (section 4) describe it, same RNG order.
+    """Show-o's sampling loop (showlab/Show-o ``t2i_generate``), same RNG order.
 
     ``gumbel_temperature`` is ``t2i_generate``'s ``temperature`` argument: it scales only the
     Gumbel noise of the re-masking (``mask_by_random_topk``) and anneals as

@@ -187,3 +187,29 @@ def test_preflight_refuses_a_diversity_rule_no_reward_can_feed():
     blind = load_config("configs/toy.yaml", [*gardo, "reward.components=[{kind: sim_cost}]"])
     with pytest.raises(UserError, match="no reward component has an image embedding"):
         check_diversity_spaces(blind)
+
+
+def test_batch_std_divides_each_groups_centred_rewards_by_the_batchs_std():
+    from maskgrpo_ray.pipeline.phases import make_train_batch
+
+    r = torch.tensor([1.0, 1.01, 0.99, 0.0, 2.0, 4.0])  # a near-constant group and a spread one
+    got = make_train_batch(
+        _scored(r), torch.ones(2, dtype=torch.bool), _settings("train.advantage=batch_std")
+    ).advantages
+    sd = float(torch.tensor(r.tolist()).std())  # unbiased, over all six
+    want = [1.0 - 1.0, 1.01 - 1.0, 0.99 - 1.0, 0.0 - 2.0, 2.0 - 2.0, 4.0 - 2.0]
+    assert got.tolist() == pytest.approx([w / (sd + 1e-4) for w in want], rel=1e-5)
+    # per group (Eq. 12) the near-constant group's noise is blown up to unit size; here not
+    assert group_advantages(r, 3).abs()[:3].max() > 0.9 and got.abs()[:3].max() < 0.01
+
+
+def test_advantage_clip_clamps_after_the_rule_and_zero_changes_nothing():
+    from maskgrpo_ray.pipeline.phases import make_train_batch
+
+    r = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 1.0, 2.0, 3.0])
+    keep = torch.ones(3, dtype=torch.bool)
+    plain = make_train_batch(_scored(r), keep, _settings()).advantages
+    assert plain.abs().max() > 1.1  # the lone winner of a group of 3: 2 / sqrt(3)
+    clipped = make_train_batch(_scored(r), keep, _settings("train.advantage_clip=1.0"))
+    assert torch.equal(clipped.advantages, plain.clamp(-1.0, 1.0))
+    assert _settings().clip == 0.0

@@ -134,12 +134,13 @@ def test_estimator_mean_over_seeds_equals_exact_mean_over_masks():
 
 def test_focus_step_counts_by_hand():
     final = torch.tensor([[1, 2, 3, 4]])
-    # agreement per step: 0.25, 0.25, 0.75, 1.0 -> jumps 0.25, 0, 0.5, 0.25
+    unmask_step = torch.tensor([[0, 1, 2, 3]])  # masked before each step: 4, 3, 2, 1
+    # agreement per step (committed tokens agree): 0.25, 0.25, 0.75, 1.0; MaskFocus scores
+    # t = 1 .. S-2 only: jumps t1 0, t2 0.5; then t0, then t3 (the final step)
     preds = torch.tensor([[[1, 0, 0, 0], [1, 0, 0, 0], [1, 2, 3, 0], [1, 2, 3, 4]]])
-    masked_before = torch.tensor([[4, 3, 3, 1]])
-    got = focus_step_counts(preds, final, masked_before, 2)
-    # top-2 jumps: step 2 (0.5), then the tie 0.25 at steps 0 and 3 goes to the earlier step
-    assert got.tolist() == [[4, 3]]
+    assert focus_step_counts(preds, final, unmask_step, 1).tolist() == [[2]]
+    assert focus_step_counts(preds, final, unmask_step, 2).tolist() == [[3, 2]]  # t1, t2
+    assert focus_step_counts(preds, final, unmask_step, 3).tolist() == [[4, 3, 2]]  # + t0
 
 
 def _toy(seed=0):

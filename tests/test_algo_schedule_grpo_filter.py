@@ -15,8 +15,8 @@ from maskgrpo_ray.algo.schedule import num_masked_after_step, tokens_per_step
 
 
 def test_tokens_per_step_matches_reference_counts():
-    # showo_architecture.md lists, for N=256 and S=18, re-masked counts computed in float64:
-    # [255, 252, 247, ..., 22, 1]. The reference evaluates the cosine in float32, where
+    # Show-o's cosine schedule (showlab/Show-o models/sampling.py) at N=256 and S=18, computed
+    # in float64, gives re-masked counts [255, 252, 247, ..., 22, 1]. The reference evaluates the cosine in float32, where
     # cos(pi/3) = 0.49999997, so step 11 keeps floor(127.99999) = 127, not 128; the Show-o
     # fixture run below confirms the float32 behaviour (7, not 8, at L=16, S=6, step 3).
     remasked = [255, 252, 247, 240, 232, 221, 209, 196, 181, 164, 146, 127, 108, 87, 66, 44, 22]

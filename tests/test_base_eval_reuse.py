@@ -13,7 +13,7 @@ import pytest
 from tiny_runs import NO_GRIDS, tiny_toy
 
 from maskgrpo_ray.cli import main
-from maskgrpo_ray.loop import base_eval
+from maskgrpo_ray.loop import held_out as base_eval
 
 STEPS = tiny_toy(3, 2, NO_GRIDS, "eval.every_steps=0", "run.export_final_policy=false")
 SKIP = ("time/", "step_seconds", "samples_per_second", "learner_busy_fraction", "bytes/")

@@ -17,29 +17,29 @@ from pathlib import Path
 
 import pytest
 
-from bench import chaos_soak
+from bench import chaos_plan, chaos_soak
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_plan_covers_every_kind_and_moment_once_on_distinct_steps():
-    faults = chaos_soak.plan_faults(seed=1, steps=10, n=5)
+    faults = chaos_plan.plan_faults(seed=1, steps=10, n=5)
     kills = [f for f in faults if f.kind != "sigterm"]
-    assert {f.kind for f in kills} == set(chaos_soak.KINDS)
-    assert {f.moment for f in kills} == {*chaos_soak.MOMENTS, chaos_soak.RESTORE}
-    (again,) = [f for f in kills if f.moment == chaos_soak.RESTORE]  # with the first learner
+    assert {f.kind for f in kills} == set(chaos_plan.KINDS)
+    assert {f.moment for f in kills} == {*chaos_plan.MOMENTS, chaos_plan.RESTORE}
+    (again,) = [f for f in kills if f.moment == chaos_plan.RESTORE]  # with the first learner
     assert again.kind == "learner"
     assert again.step == min(f.step for f in kills if f.kind == "learner" and f is not again)
     steps = [f.step for f in faults if f is not again]
     assert len(set(steps)) == len(steps) and min(steps) >= 1 and max(steps) <= 10 - 3
     for f in kills:
         if f.moment == "checkpoint":
-            assert chaos_soak.checkpoint_step(f.step)
+            assert chaos_plan.checkpoint_step(f.step)
         if f.moment == "ahead":
-            assert chaos_soak.has_ahead(f.step, 10)
+            assert chaos_plan.has_ahead(f.step, 10)
     assert sum(f.kind == "sigterm" for f in faults) == 1
     with pytest.raises(ValueError, match="need"):
-        chaos_soak.plan_faults(seed=1, steps=6, n=5)
+        chaos_plan.plan_faults(seed=1, steps=6, n=5)
 
 
 @pytest.mark.slow
@@ -52,8 +52,8 @@ def test_short_soak_ends_bit_equal_to_the_fault_free_run(ray_cluster, tmp_path):
     assert res["steps_in_metrics"] == 10
     injected = res["injected"]
     assert injected == {"rollout": 1, "reward": 1, "filter": 1, "learner": 3, "sigterm": 1}, res
-    assert res["by_moment"][chaos_soak.RESTORE] == 1, res["by_moment"]
-    for kind in chaos_soak.KINDS:  # every death in the row metrics
+    assert res["by_moment"][chaos_plan.RESTORE] == 1, res["by_moment"]
+    for kind in chaos_plan.KINDS:  # every death in the row metrics
         assert res["deaths_counted"][kind] == injected[kind], (kind, res["deaths_counted"])
     assert res["groups_lost"] == 0 and res["groups_duplicated"] == 0, res
     assert res["max_rel_diff"] == 0.0, res
@@ -63,4 +63,4 @@ def test_short_soak_ends_bit_equal_to_the_fault_free_run(ray_cluster, tmp_path):
     assert res["truncated"] and len(set(res["fallback_lines"])) == 1, res["fallback_lines"]
     line = res["fallback_lines"][0]
     assert "(truncated?)" in line and "falling back to" in line, line
-    assert set(res["recovery_s"]) == {*chaos_soak.KINDS, "sigterm"}, res["recovery_s"]
+    assert set(res["recovery_s"]) == {*chaos_plan.KINDS, "sigterm"}, res["recovery_s"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
+from showo_helpers import read_json
 
 from maskgrpo_ray.cli import main
 from maskgrpo_ray.planner.checkpoint_cost import CheckpointRates, checkpoint_bytes, checkpoint_cost
@@ -26,12 +26,10 @@ from maskgrpo_ray.planner.cost_model import (
 )
 from maskgrpo_ray.planner.split import pipeline_ideal, plan_split
 
-KEYS = Path(__file__).parents[2] / "shared/fixtures/showo_reference/showo_512_state_keys.json"
 
-
-@pytest.mark.skipif(not KEYS.exists(), reason="needs ../shared/fixtures")
 def test_showo_parameter_counts_are_the_checkpoint_key_lists():
-    keys = json.loads(KEYS.read_text())
+    # the official Show-o 512 state-dict layout (tests/fixtures/showo_reference/README.md)
+    keys = read_json("showo_512_state_keys.json")
     body = sum(
         math.prod(v["shape"]) for k, v in keys.items() if ".layers." in k or "final_layernorm" in k
     )
@@ -75,7 +73,7 @@ def test_showo_512_profile_is_the_h100_measurement():
     assert p.weight_bytes == 2 * SHOWO_PARAMS  # bf16
     assert "MFU" in p.source and p.image_tokens == 1024 and p.unmasking_steps == 50
     # 96 samples x 50 steps of pairs: 302 s on one H100 as measured (the FLOP model at the
-    # stated 35% MFU said ~114 s, gumbel_remasking.md's estimate ~100 s)
+    # stated 35% MFU said ~114 s, 9e12 FLOPs x 4800 pairs at 44% of the peak ~100 s)
     assert 96 * 50 * p.learner_seconds_per_pair == pytest.approx(301.7, rel=1e-3)
 
 
@@ -112,6 +110,33 @@ def test_step_costs_and_ideals_by_hand():
     assert ideal.limit == pytest.approx(12 / 1.0)  # n / (r + l)
     assert ideal.learner_busy_async == pytest.approx(7.2 / 12)
     assert ideal.asynchronous <= ideal.limit + 1e-9
+
+
+def test_shrinkage_shares_the_rows_not_the_per_pair_scoring():
+    """Trajectory shrinkage shares a block's input row (the forward, backward and log_softmax),
+    not the per-pair scoring (issue 57: the planner divided the whole pair cost by s). By hand,
+    50 units at s = 2 in 25 rows, a pair 0.02 s of which f = 0.4 is scoring: a pass costs
+    25 x 0.6 + 50 x 0.4 = 35 pairs, the no-grad recompute a third of that, 46.67 pairs per
+    sample; f = 0 is the old division (25 + 25 / 3 = 33.3), s = 1 is 50 whatever f."""
+    w2 = Workload(16, 6, 50, units_per_sample=50, shrinkage=2)
+    assert w2.forward_passes_per_sample == 25
+    assert w2.learner_pairs(0.4) == pytest.approx(35 + 35 / 3)
+    assert w2.learner_pairs(0.0) == pytest.approx(25 + 25 / 3) == w2.pairs_per_sample
+    assert Workload(16, 6, 50, units_per_sample=50).learner_pairs(0.4) == 50
+    c = step_costs(_profile(learner_scoring_share=0.4), w2, rollout_gpus=4, learner_gpus=12)
+    assert c.l == pytest.approx((35 + 35 / 3) * 0.02)  # GPU-seconds per image
+    # the built-in profile: the marginal's quadrature over Eq. 14 at micro-batch 8 (H100)
+    p = PROFILES["showo_512_h100"]
+    assert p.learner_scoring_share == pytest.approx(1 - 1.643 / 3.017, rel=1e-12)
+    assert PROFILES["showo_512_h100_forward"].learner_scoring_share == 0.0
+    assert p.learner_seconds_per_pair * p.learner_scoring_share == pytest.approx(0.0286, abs=1e-4)
+    # so s = 2 saves 3% of the learner's work on Show-o 512, not a third
+    s2 = Workload(16, 6, 50, units_per_sample=50, shrinkage=2).learner_pairs(
+        p.learner_scoring_share
+    )
+    assert s2 / 50 == pytest.approx(0.970, abs=1e-3)
+    with pytest.raises(ValueError, match="learner_scoring_share=1.0 must be in"):
+        _profile(learner_scoring_share=1.0)
 
 
 def test_plan_split_is_the_best_of_every_split():

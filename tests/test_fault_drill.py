@@ -12,9 +12,12 @@ SIGTERM case is the Ray-backend interrupted-and-resumed run.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import fault_drill as drill
 
@@ -105,6 +108,66 @@ def test_learner_lost_without_checkpoint_continues_from_the_rollout_weights(
         assert r["loss"] == by_step[r["step"]]["loss"], r["step"]
     for r in rows:  # the redone step starts at the version the lost update started at
         assert r["policy_version"] == by_step[r["step"]]["policy_version"], r["step"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chunks", ["kept", "lost"])
+def test_a_learner_rank_lost_mid_write_finishes_bit_equal(
+    clean, tmp_path, monkeypatch, caplog, chunks
+):
+    """``run.checkpoint_async``: the checkpoint at step 2 is held in its background write until
+    learner rank 1 is SIGKILLed at the start of step 2; the step's update finds the rank lost
+    and the run rolls back. ``kept``: on one node the dead rank's object-store chunks are still
+    readable (measured here), the write completes and the run rolls back to it (step 2).
+    ``lost``: the write fails as it does where the chunks died with the rank's node (here the
+    held write raises Ray's ObjectLostError once the rank is dead: a stand-in, one node cannot
+    lose its object store); the recovery discards it (before issue 57 ``recover_learner``'s
+    ``flush()`` raised it and the run crashed) and rolls back to the start's checkpoint. Either
+    way every step runs once and the final weights are bit-equal to the uninterrupted run's."""
+    import threading
+
+    from ray.exceptions import ObjectLostError
+    from safetensors.torch import load_file
+
+    from maskgrpo_ray.learner.group import LearnerGroup
+    from maskgrpo_ray.loop import driver
+
+    killed, held = threading.Event(), threading.Event()
+    real_write, real_step = LearnerGroup.write_snapshot, driver.run_step
+
+    def write_snapshot(self, folder, per_rank):  # noqa: ANN001, ANN202
+        if ".tmp-step_000002" in folder and not killed.is_set():
+            held.set()
+            assert killed.wait(120), "the learner rank was not killed"
+            if chunks == "lost":
+                raise ObjectLostError(
+                    "ff" * 28, None, "learner rank 1's checkpoint chunk (its node died)"
+                )
+        return real_write(self, folder, per_rank)
+
+    def run_step(ex, settings, s, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if s == 2 and not killed.is_set():
+            assert held.wait(60), "no checkpoint write in flight at step 2"
+            os.kill(ex.learner.pids()[1], signal.SIGKILL)
+            killed.set()
+        return real_step(ex, settings, s, *args, **kw)
+
+    monkeypatch.setattr(LearnerGroup, "write_snapshot", write_snapshot)
+    monkeypatch.setattr(driver, "run_step", run_step)
+    with caplog.at_level("WARNING"):
+        out = drill.run_one(None, tmp_path / "run", ["run.checkpoint_async=true"])
+    assert killed.is_set()
+    failed = "the checkpoint being written when the learner was lost failed" in caplog.text
+    assert failed == (chunks == "lost")
+    back_to = "step_000000" if chunks == "lost" else "step_000002"
+    assert f"run from checkpoint {back_to}" in caplog.text
+    row = drill.compare(clean, out)
+    _check(row, "learner")
+    assert row["learner_restarts"] == 1.0
+    mine, base = (load_file(str(Path(r) / "final_policy.safetensors")) for r in (
+        out["run_dir"], clean["run_dir"]))  # fmt: skip
+    assert mine.keys() == base.keys() and all(torch.equal(mine[k], base[k]) for k in base)
 
 
 # --------------------------------------------------------------- asynchronous rollouts (lag 1)

@@ -333,7 +333,7 @@ def interleavings(chaos: Chaos) -> Counter:
 @pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_kills_during_update_sync_and_scale_keep_every_invariant(ray_cluster, tmp_path):
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     cfg = load_config(TOY, SETTINGS)
     ex = RayExecutor(cfg, timeout_s=300)

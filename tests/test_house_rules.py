@@ -65,6 +65,17 @@ def test_no_file_over_450_lines():
     assert not long, long
 
 
+def test_no_bench_script_over_450_lines():
+    # bench/'s scripts are split by what they measure (bench_gpu's gpu_*.py, bench_cluster_sim's
+    # cluster_sim_*.py, chaos_soak's chaos_*.py), each `python -m bench.NAME` as before
+    long = {
+        p.name: n
+        for p in sorted((ROOT / "bench").glob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    }
+    assert not long, long
+
+
 def test_no_function_over_80_lines():
     lengths = function_lengths()
     assert len(lengths) > 500  # every module was read

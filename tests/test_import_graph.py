@@ -28,6 +28,12 @@ PACKAGES = {  # folder -> the package name it installs as (pyproject's package-d
     "learner": "maskgrpo_ray.learner",
 }
 
+# maskgrpo_ray/{actors,learner,configs}/__init__.py: a checkout's stand-ins for the folders above
+# (their __path__ reaches them; the wheel ships the folders there instead): not modules of their own
+STAND_INS = {
+    ROOT / "maskgrpo_ray" / name / "__init__.py" for name in ("actors", "learner", "configs")
+}
+
 Edge = tuple[str, str, int]  # (importer, imported, line)
 
 
@@ -36,6 +42,8 @@ def module_files() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
+            if path in STAND_INS:
+                continue
             rel = path.relative_to(ROOT / folder).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
             out[".".join([package, *parts])] = path

@@ -16,38 +16,46 @@ from maskgrpo_ray.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_CONFIG = ROOT / "configs" / "showo_512_clip.yaml"
 REDUCTION_CONFIG = ROOT / "configs" / "showo_512_clip_unmasking_reduction.yaml"
-PAPER = "Mask-GRPO paper (shared/reference/mask_grpo_paper.txt)"
-RELEASE = "official release (shared/reference/official_maskgrpo_code.md)"
+# the paper: Luo et al., "Reinforcing Masked Generative Models with GRPO" (Mask-GRPO), NeurIPS
+# 2025, arXiv 2510.13418; the release: github.com/xingzhejun/Mask-GRPO at e7d6456 ("update
+# training code", the first commit with the training driver), files under code/
+PAPER = "Mask-GRPO paper (arXiv 2510.13418)"
+RELEASE = "official release (xingzhejun/Mask-GRPO e7d6456)"
+YAML = f"{RELEASE} code/configs/Mask_GRPO_train_512x512.yaml"
+DRIVER = f"{RELEASE} code/Mask_GRPO_train.py"
+ROLLOUT = f"{RELEASE} code/models/modeling_showo.py t2i_generate_grpo"
+LOSS = f"{RELEASE} code/models/modeling_showo.py t2i_generate_grpo_loss"
+GENEVAL = f"{RELEASE} code/geneval.py"
 
 # (dotted config key, the paper's value, where it is written)
 PAPER_SETTING = [
-    ("model.showo.showo_path", "showlab/show-o-512x512", f"{RELEASE} section 1: base model"),
-    ("model.showo.magvit_path", "showlab/magvitv2", f"{RELEASE} section 1"),
-    ("model.showo.resolution_px", 512, f"{RELEASE} section 1: 512x512, 1024 tokens"),
-    ("model.showo.max_text_tokens", 128, f"{RELEASE} section 1: max_seq_length 128"),
+    ("model.showo.showo_path", "showlab/show-o-512x512", f"{YAML}: the base model"),
+    ("model.showo.magvit_path", "showlab/magvitv2", f"{YAML}: the VQ model"),
+    ("model.showo.resolution_px", 512, f"{YAML}: 512x512, 1024 tokens"),
+    ("model.showo.max_text_tokens", 128, f"{YAML}: max_seq_length 128"),
     ("rollout.samples_per_prompt", 6, f"{PAPER} Appendix C: group size G is 6"),
-    ("rollout.unmasking_steps", 50, f"{RELEASE} section 1: generation_timesteps 50"),
-    ("rollout.temperature", 1.0, f"{RELEASE} section 1: generation_temperature 1.0"),
-    ("rollout.gumbel_temperature", 1.0, f"{RELEASE} section 2: tau0 = 1.0, compounding"),
-    ("rollout.guidance_scale", 0.0, f"{RELEASE} section 1: training rollouts at CFG 0"),
+    ("rollout.unmasking_steps", 50, f"{YAML}: generation_timesteps 50"),
+    ("rollout.temperature", 1.0, f"{DRIVER}: generation_temperature defaults to 1.0"),
+    ("rollout.gumbel_temperature", 1.0, f"{ROLLOUT}: tau0 = 1.0, compounding"),
+    ("rollout.guidance_scale", 0.0, f"{YAML}: guidance_scale 0 in training"),
     ("rollout.transition", "p1", f"{PAPER} Section 3.3: the default applies p_theta1 (Eq. 14)"),
-    ("rollout.max_policy_lag", 0, f"{RELEASE} section 3: the policy that rolls out trains"),
+    ("rollout.max_policy_lag", 0, f"{DRIVER}: the policy that rolls out trains"),
     ("train.prompts_per_step", 16, f"{PAPER} Appendix C: batch 96, 6 per GPU for one prompt"),
     ("train.learning_rate", 3e-6, f"{PAPER} Appendix C: the learning rate is 3e-6"),
-    ("train.adam_betas", (0.9, 0.95), f"{RELEASE} section 1: betas [0.9, 0.95]"),
-    ("train.weight_decay", 0.02, f"{RELEASE} section 1: weight_decay 0.02"),
-    ("train.warmup_updates", 62, f"{RELEASE} section 1: 1000 warm-up scheduler steps / 16"),
-    ("train.steps", 1000, f"{RELEASE} section 1: 16000 scheduler steps / 16 processes"),
+    ("train.adam_betas", (0.9, 0.95), f"{YAML}: betas [0.9, 0.95]"),
+    ("train.weight_decay", 0.02, f"{YAML}: weight_decay 0.02"),
+    ("train.warmup_updates", 62, f"{YAML}: 1000 warm-up scheduler steps / 16"),
+    ("train.steps", 1000, f"{YAML}: 16000 scheduler steps / 16 processes"),
     ("train.kl_coef", 0.0, f"{PAPER} Section 3.3 and Table 3: KL removed (0.73 vs 0.62)"),
-    ("train.unmasking_step_selection", "all", f"{RELEASE} section 3: all 50 steps trained"),
-    ("train.updates_per_batch", 1, f"{RELEASE} section 3: one optimizer step per batch"),
-    ("train.clip_low", 0.1, f"{RELEASE} section 3: clamp(ratio, 0.9, 1.2)"),
-    ("train.clip_high", 0.2, f"{RELEASE} section 3: clamp(ratio, 0.9, 1.2)"),
+    ("train.unmasking_step_selection", "all", f"{DRIVER}: all 50 steps trained"),
+    ("train.updates_per_batch", 1, f"{DRIVER}: one optimizer step per batch"),
+    ("train.clip_low", 0.1, f"{LOSS}: clamp(ratio, 0.9, 1.2)"),
+    ("train.clip_high", 0.2, f"{LOSS}: clamp(ratio, 0.9, 1.2)"),
     ("filter.enabled", True, f"{PAPER} Section 3.3 and Table 3: filter on (0.73 vs 0.60)"),
     ("filter.percentile", 10.0, f"{PAPER} Section 3.3: the lowest 10th percentile"),
-    ("eval.unmasking_steps", 50, f"{RELEASE} section 7: GenEval at T = 50"),
-    ("eval.guidance_scale", 5.0, f"{RELEASE} section 7: GenEval at CFG 5"),
-    ("eval.samples_per_prompt", 4, f"{RELEASE} section 7: 4 images per GenEval prompt"),
+    ("eval.unmasking_steps", 50, f"{GENEVAL}: GenEval at T = 50"),
+    ("eval.guidance_scale", 5.0, f"{GENEVAL}: GenEval at CFG 5"),
+    ("eval.samples_per_prompt", 4, f"{GENEVAL}: 4 images per GenEval prompt"),
 ]
 
 # where the file differs from the paper or its release: (dotted key, the config's value, a

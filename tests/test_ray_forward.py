@@ -15,7 +15,7 @@ from maskgrpo_ray.prompts.loading import PromptStream, load_prompts
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_forward_estimator_ratio_one_across_processes_then_real(ray_cluster, tmp_path):
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     cfg = small_cfg(
         "likelihood.estimator=forward",

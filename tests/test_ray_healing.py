@@ -24,7 +24,7 @@ CALL_TIMEOUT_S = 8.0
 
 @pytest.fixture(scope="module")
 def executor(ray_cluster):
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     cfg = small_cfg(
         f"rollout.call_timeout_seconds={CALL_TIMEOUT_S}",

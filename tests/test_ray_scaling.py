@@ -33,7 +33,7 @@ SMALL = [
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_scale_command_adds_a_rollout_actor_at_the_next_step(ray_cluster, capsys):
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     cfg = load_config(TOY, SMALL)
     ex = RayExecutor(cfg, timeout_s=300)

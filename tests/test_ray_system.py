@@ -51,7 +51,7 @@ def small_cfg(*extra: str) -> Config:
 
 @pytest.fixture(scope="module")
 def executor(ray_cluster):
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
 
     ex = RayExecutor(small_cfg(), timeout_s=300)
     yield ex
@@ -238,7 +238,7 @@ def _ray_pids() -> set[int]:
 @pytest.mark.timeout(300)
 def test_nothing_listens_beyond_loopback(ray_cluster):
     psutil = pytest.importorskip("psutil")
-    from maskgrpo_ray.backend.executor import RayExecutor  # noqa: F401 - actors' modules import
+    from maskgrpo_ray.backend.ray_executor import RayExecutor  # noqa: F401 - actors' modules import
 
     @ray.remote(num_cpus=0.25)
     class Probe:

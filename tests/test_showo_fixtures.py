@@ -1,4 +1,4 @@
-"""Show-o against the official implementation's outputs (``../shared/fixtures/showo_reference``).
+"""Show-o against the official implementation's outputs (``tests/fixtures/showo_reference``).
 
 Every expectation is a tensor the reference code produced for the stored tiny weights; every
 size comes from the fixture's config. Float32, one thread: the README measured bit-exact

@@ -1,6 +1,7 @@
 """The lab's record key (bench/toy_lab.py): the resolved config's non-default fields, so a field
 added later at its default keeps every record, and any real change makes a new one."""
 
+from bench import lab_records as records
 from bench import toy_lab as lab
 
 
@@ -8,14 +9,14 @@ def test_non_default_keeps_only_what_differs_from_the_schema():
     defaults = {"train.lr": 1.0, "train.kl": 0.0, "model.kind": "toy"}
     resolved = {"train": {"lr": 1.0, "kl": 0.5, "new_field": 3}, "model": {"kind": "toy"}}
     # lr and kind at their defaults drop out; kl differs; a field without a default stays
-    assert lab.non_default(resolved, defaults) == {"train.kl": 0.5, "train.new_field": 3}
+    assert records.non_default(resolved, defaults) == {"train.kl": 0.5, "train.new_field": 3}
 
 
 def test_a_field_added_at_its_default_keeps_the_key():
     defaults = {"train.lr": 1.0}
     before = {"train": {"lr": 2.0}}
     after = {"train": {"lr": 2.0, "ema_decay": 0.0}}  # the new field, at its default
-    assert lab.non_default(before, defaults) == lab.non_default(
+    assert records.non_default(before, defaults) == records.non_default(
         after, {**defaults, "train.ema_decay": 0.0}
     )
 

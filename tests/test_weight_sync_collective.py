@@ -106,7 +106,7 @@ def test_ray_collective_sync_equals_learner_and_heals(ray_cluster):
     import ray
     from test_ray_system import learner_digest, rollout_versions, small_cfg
 
-    from maskgrpo_ray.backend.executor import RayExecutor
+    from maskgrpo_ray.backend.ray_executor import RayExecutor
     from maskgrpo_ray.learner.weight_sync import CollectiveSync
     from maskgrpo_ray.pipeline.phases import make_train_batch
     from maskgrpo_ray.prompts.loading import load_prompts

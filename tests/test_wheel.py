@@ -59,7 +59,13 @@ def _run(fresh: FreshEnv, args: list[str], cwd: Path, label: str, timeout: float
 @pytest.mark.ci
 @pytest.mark.timeout(300)
 def test_the_wheel_holds_the_package_its_rooms_and_the_built_in_configs(fresh):
-    names = set(zipfile.ZipFile(fresh.wheel).namelist())
+    listed = zipfile.ZipFile(fresh.wheel).namelist()
+    names = set(listed)
+    assert len(listed) == len(names), sorted(n for n in names if listed.count(n) > 1)
+    # the folders themselves, not the checkout's stand-ins maskgrpo_ray/{actors,...}/__init__.py
+    for folder in ("actors", "learner", "configs"):
+        shipped_init = zipfile.ZipFile(fresh.wheel).read(f"maskgrpo_ray/{folder}/__init__.py")
+        assert shipped_init == (ROOT / folder / "__init__.py").read_bytes(), folder
     expected = {
         f"maskgrpo_ray/{p.relative_to(ROOT / folder).as_posix()}"
         if folder == "maskgrpo_ray"

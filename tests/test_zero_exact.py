@@ -97,3 +97,17 @@ def test_zero_stages_with_frozen_parameters_equal_single_process(ray_cluster):
     update-relative difference, held to ``STEP_TOL`` (stage 0 measures 2.9e-4 there too)."""
     lora = "model.lora={rank: 4, alpha: 8, target_modules: [qkv, proj]}"
     run_stages((0, 2, 3), lora, weight_tol=STEP_TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_zero3_with_trajectory_shrinkage_equals_single_process(ray_cluster):
+    """ZeRO-3 with trajectory shrinkage (s = 2): rank 0 has 12 samples x 2 rows in 2
+    micro-batches of 20 rows, rank 1 6 x 2 in 1, so rank 1 pads one no-grad forward of the old
+    log-probs' recompute (``learner_loss.pad_forward``: ZeRO-3 gathers partitioned parameters
+    inside every forward, a collective) and one backward. The update equals the single
+    process's (about 30 s). The toy's tensors are below DeepSpeed's
+    ``stage3_param_persistence_threshold`` (they stay whole on every rank), so the gather
+    itself does not run here: the equal forward counts are
+    ``test_trajectory_shrinkage.py::test_ranks_call_the_model_equally_often_when_forwards_are_collective``."""
+    run_stages((3,), "train.trajectory_shrinkage=2")

@@ -10,7 +10,7 @@ import torch
 
 from maskgrpo_ray.algo.grpo import group_advantages
 
-ADVANTAGE_KINDS: tuple[str, ...] = ("grpo", "centred", "gdpo")
+ADVANTAGE_KINDS: tuple[str, ...] = ("grpo", "centred", "gdpo", "batch_std")
 DIVERSITY_KINDS: tuple[str, ...] = ("none", "gardo", "bonus")
 
 
@@ -19,6 +19,22 @@ def centred_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     Dr. GRPO's form; equal rewards or ``G = 1`` give 0)."""
     r = rewards.float().view(-1, group_size)  # [B, G]
     return (r - r.mean(dim=1, keepdim=True)).view(-1)
+
+
+def batch_std_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """``A_j = (r_j - mean_G r) / (std_N r + eps)``, float ``[N]``: centred in its group, divided
+    by the whole batch's reward std (unbiased; Flow-GRPO's ``global_std``), so a group whose
+    rewards barely differ keeps small advantages instead of having its noise blown up to unit
+    size. One sample: 0."""
+    r = rewards.float()
+    if r.numel() < 2:
+        return torch.zeros_like(r)
+    return centred_advantages(r, group_size) / (r.std(unbiased=True) + eps)
+
+
+def clip_advantages(adv: torch.Tensor, clip: float) -> torch.Tensor:
+    """``adv`` clamped to ``[-clip, clip]`` (Flow-GRPO clips at 5); ``clip`` 0: unchanged."""
+    return adv.clamp(-clip, clip) if clip > 0 else adv
 
 
 def gdpo_advantages(
@@ -140,6 +156,8 @@ def diversity_advantages(
         adv = group_advantages(rewards, group_size, eps)
     elif kind == "centred":
         adv = centred_advantages(rewards, group_size)
+    elif kind == "batch_std":
+        adv = batch_std_advantages(rewards, group_size, eps)
     else:
         if parts is None or weights is None:
             raise ValueError("kind 'gdpo' needs the reward components (parts [C, N], weights [C])")

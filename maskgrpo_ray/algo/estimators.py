@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from maskgrpo_ray.algo.grpo import critical_steps, group_agreement, prediction_agreement
 from maskgrpo_ray.algo.transition import step_log_prob
 
 ESTIMATORS: tuple[str, ...] = ("trajectory", "forward")
@@ -183,34 +184,37 @@ def masked_token_log_prob(
 
 
 def focus_step_counts(
-    predictions: torch.Tensor, final_tokens: torch.Tensor, masked_before: torch.Tensor, k: int
+    predictions: torch.Tensor,
+    final_tokens: torch.Tensor,
+    unmask_step: torch.Tensor,
+    k: int,
+    group_size: int = 1,
 ) -> torch.Tensor:
     """MaskFocus-style step focus: the masked counts of each sample's ``K`` critical steps.
 
     MaskFocus (Meissonic) ranks a trajectory's steps by ``|delta cos-sim|`` between the VQ
     embedding of the step's predicted image and the final one, keeps the top ``K`` and scores a
-    random mask *of that step's size* (not the trajectory's own mask). Here the similarity is the
-    model-agnostic token agreement ``a_t = mean_i [pred_t,i == final_i]`` (no codebook embedding
-    needed), ``a_{-1} = 0``; the ``K`` steps with the largest ``|a_t - a_{t-1}|`` (ties: earlier)
-    give counts ``masked_before[t]``.
+    random mask *of that step's size* (not the trajectory's own mask). The steps are
+    :func:`maskgrpo_ray.algo.grpo.critical_steps` of the group's token agreement (the one
+    definition the ``critical`` step selection also uses: candidates ``1 .. S-2``, steps ``0``
+    and ``S - 1`` after them); a step's count is the tokens masked before it.
 
     Args:
         predictions: long ``[N, S, L]``, the sampler's token at every position at each step.
         final_tokens: long ``[N, L]``.
-        masked_before: long ``[N, S]``, masked tokens before each step.
+        unmask_step: long ``[N, L]``, the step that committed each position (-1: given).
         k: ``K <= S``.
+        group_size: ``G``, samples of one prompt (consecutive rows); they share the steps.
 
     Returns:
         long ``[N, K]``, ordered by step.
     """
-    agree = (predictions == final_tokens[:, None, :]).float().mean(-1)  # [N, S]
-    prev = torch.cat([torch.zeros_like(agree[:, :1]), agree[:, :-1]], dim=1)
-    jump = (agree - prev).abs()
-    s = agree.shape[1]
-    # stable top-K: break ties towards earlier steps with a tiny decreasing offset
-    key = jump.double() - torch.arange(s, dtype=torch.float64, device=jump.device) * 1e-9
-    steps = key.topk(k, dim=1).indices.sort(dim=1).values  # [N, K]
-    return masked_before.gather(1, steps)
+    agree = prediction_agreement(predictions, final_tokens, unmask_step)  # [N, S]
+    steps = critical_steps(group_agreement(agree, group_size), k)  # [N, K]
+    s = predictions.shape[1]
+    t = torch.arange(s, device=unmask_step.device).view(1, s, 1)
+    masked_before = (unmask_step.unsqueeze(1) >= t).sum(-1)  # [N, S]
+    return masked_before.gather(1, steps.to(masked_before.device))
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,9 @@ def trajectory_query(
         shrinkage: ``s``, TraceRL's trajectory shrinkage: step ``t`` is scored from the state
             ``Y_{t0}`` of its block's first step ``t0 = s * floor(t / s)`` (its own masked and
             newly unmasked sets, under those logits), and the pairs of one sample and block
-            share one input row, so ``S`` steps cost ``ceil(S / s)`` rows. ``1``: the exact
+            share one input row, so ``S`` steps cost ``ceil(S / s)`` rows (and their
+            ``log_softmax``; the per-pair terms, Eq. 14's sums and the Gumbel marginal, stay one
+            per pair: ``transition.step_log_prob``'s ``pair_rows``). ``1``: the exact
             ``Y_t`` per pair. Biased for ``s > 1``: a later step of a block is scored from an
             earlier, more masked state than the one it was sampled in.
         sample_ids: long ``[M]``, which sample each pair is (pairs of one sample and block
@@ -274,8 +280,9 @@ def trajectory_query(
     )
 
     def shrunk(logits: torch.Tensor) -> torch.Tensor:  # [R, L, V] -> [M]
+        # scored on the rows forwarded: one log_softmax per row, each pair reading its row
         return step_log_prob(
-            logits[inverse], masked, unmasked, target, transition, gumbel_tau=gumbel_tau
+            logits, masked, unmasked, target, transition, gumbel_tau=gumbel_tau, pair_rows=inverse
         )
 
     return PairQuery(state, covered.sum(-1).float(), shrunk, rows)

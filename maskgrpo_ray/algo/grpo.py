@@ -238,10 +238,24 @@ def prediction_agreement(
     return (pred == final_tokens.unsqueeze(1)).float().mean(-1)
 
 
+def group_agreement(agreement: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each group's mean agreement per step, one row per sample (equal within a group): float
+    ``[N, S]`` from ``agreement`` ``[N, S]`` (:func:`prediction_agreement`). MaskFocus scores
+    steps by the batch's mean similarity; a group's mean is what one rollout actor sees (it
+    generates whole groups), and it gives a group's members the same critical steps."""
+    n, s = agreement.shape
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"{n} samples do not split into groups of {group_size}")
+    mean = agreement.view(n // group_size, group_size, s).mean(1)  # [B, S]
+    return mean.repeat_interleave(group_size, dim=0)
+
+
 def critical_steps(agreement: torch.Tensor, k: int) -> torch.Tensor:
-    """MaskFocus's critical steps (zghhui/MaskFocus ``grpo_trainer.py``), per sample: the ``k``
-    steps whose prediction moved the intermediate image furthest towards the final one, long
-    ``[N, K]`` sorted per row.
+    """MaskFocus's critical steps (zghhui/MaskFocus ``grpo_trainer.py``): the ``k`` steps whose
+    prediction moved the intermediate image furthest towards the final one, long ``[N, K]``
+    sorted per row; the one definition of a step's focus score (``train.unmasking_step_selection:
+    critical`` trains these steps, ``likelihood.forward.ratio_rule: step_focus`` masks their
+    sizes, :func:`maskgrpo_ray.algo.estimators.focus_step_counts`).
 
     MaskFocus measures ``sim_t = cos(VQ embedding of step t's predicted image, the final's)``,
     averaged over the batch, for the steps before the last (the last prediction *is* the
@@ -250,13 +264,16 @@ def critical_steps(agreement: torch.Tensor, k: int) -> torch.Tensor:
     ``t = i + 1``). Here ``sim_t`` is the token agreement ``a_t`` (:func:`prediction_agreement`:
     model-agnostic, and for a lookup-free quantizer such as MAGVIT-v2's, whose codes are sign
     vectors, the embedding cosine is an affine function of the bit agreement, which token
-    agreement bounds from below), per sample rather than over the batch (a sample's record alone
-    decides it, the same on any sharding over learner ranks). Candidates are ``t = 1 .. S-2``,
-    as MaskFocus's; steps ``0`` and ``S - 1``, which it never scores, rank after every scored
-    step (so ``k = S`` trains all steps). Ties: the earlier step.
+    agreement bounds from below), averaged over the sample's group (:func:`group_agreement`,
+    which the rollout records), so a group's members train the same steps and the group's
+    advantages at every trained step still sum to zero. Each row is scored on its own: rows
+    equal within a group give the group one choice on any sharding over learner ranks.
+    Candidates are ``t = 1 .. S-2``, as MaskFocus's; steps ``0`` and ``S - 1``, which it never
+    scores, rank after every scored step, ``0`` first (so ``k = S`` trains all steps). Ties: the
+    earlier step.
 
     Args:
-        agreement: float ``[N, S]``, ``a_t`` per sample.
+        agreement: float ``[N, S]``, ``a_t`` per sample (its group's, :func:`group_agreement`).
         k: ``1 <= k <= S``.
     """
     n, s = agreement.shape

@@ -90,6 +90,14 @@ def remask_taus(gumbel_temperature: float, num_steps: int) -> list[float]:
     return taus
 
 
+def gather_tokens(logp: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``logp[rows[n], i, tokens[n, i]]``: float ``[N, L]`` from ``logp`` ``[R, L, V]``, rows
+    long ``[N]`` and tokens long ``[N, L]`` (clamped into the codebook: entries a caller
+    ignores may hold the mask id)."""
+    pos = torch.arange(tokens.shape[1], device=logp.device)
+    return logp[rows[:, None], pos[None, :], tokens.clamp(0, logp.shape[-1] - 1)]
+
+
 def _log_integral(
     tok_logp: torch.Tensor,
     committed: torch.Tensor,
@@ -158,6 +166,7 @@ def gumbel_marginal_log_prob(
     *,
     num_nodes: int = 128,
     top_k: int | None = None,
+    pair_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probability of Show-o's Gumbel-remasked step, the remasking noise integrated out.
 
@@ -167,7 +176,8 @@ def gumbel_marginal_log_prob(
 
     Args:
         logp: float ``[N, L, V]`` log-softmax of the temperature-applied logits at ``Y_t``; may
-            carry gradient (``-inf`` entries are read as ``-1e4``).
+            carry gradient (``-inf`` entries are read as ``-1e4``). With ``pair_rows``,
+            ``[R, L, V]``, rows that several transitions read.
         masked: bool ``[N, L]``, positions masked before the step.
         unmasked: bool ``[N, L]``, newly committed ``U_t`` (a subset of ``masked``).
         tokens: long ``[N, L]``, the committed token at ``U_t`` positions (others ignored).
@@ -176,6 +186,8 @@ def gumbel_marginal_log_prob(
         num_nodes: quadrature nodes per row (at least 32).
         top_k: keep only each remasked position's ``top_k`` most likely tokens exactly and fold
             the rest in by location bins (module docstring); ``None`` uses all ``V``.
+        pair_rows: long ``[N]``, the row of ``logp`` each transition reads (only its tokens and
+            remasked positions are gathered from it); None: row ``n`` for transition ``n``.
 
     Returns:
         ``[N]`` float32 (float64 for float64 ``logp``). A row with empty ``R`` gives
@@ -185,22 +197,24 @@ def gumbel_marginal_log_prob(
         raise ValueError(f"num_nodes must be >= {SEARCH_INTERVALS}, got {num_nodes}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-    n, _, vocab = logp.shape
+    n = masked.shape[0]
     dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
-    logp = logp.to(dtype).clamp(min=LOGP_FLOOR)  # [N, L, V]
+    logp = logp.to(dtype)  # [R, L, V]; clamped at LOGP_FLOOR where read
+    rows = pair_rows if pair_rows is not None else torch.arange(n, device=logp.device)
     tau = torch.as_tensor(tau, dtype=dtype, device=logp.device).expand(n)  # [N]
     committed, remasked = masked & unmasked, masked & ~unmasked  # [N, L]
-    tok_logp = logp.gather(-1, tokens.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)  # [N, L]
+    tok_logp = gather_tokens(logp, rows, tokens).clamp(min=LOGP_FLOOR)  # [N, L]
     log_committed = torch.where(committed, tok_logp, torch.zeros_like(tok_logp)).sum(-1)  # [N]
     active = committed.any(-1) & remasked.any(-1)  # [N]
     if not bool(active.any()):
         return log_committed
     if bool((tau[active] <= 0).any()):
         raise ValueError("tau must be > 0 where both sets are nonempty (use Eq. 14 at tau = 0)")
-    rows = active.nonzero().squeeze(-1)  # [Na]
     r_row, r_pos = (remasked & active[:, None]).nonzero(as_tuple=True)  # [P]
     sub_row = (torch.cumsum(active.long(), 0) - 1)[r_row]  # [P], row within the active rows
+    logp_r = logp[rows[r_row], r_pos].clamp(min=LOGP_FLOOR)  # [P, V]
+    act = active.nonzero().squeeze(-1)  # [Na]
     log_i = _log_integral(
-        tok_logp[rows], committed[rows], logp[r_row, r_pos], sub_row, tau[rows], num_nodes, top_k
+        tok_logp[act], committed[act], logp_r, sub_row, tau[act], num_nodes, top_k
     )
-    return log_committed + torch.zeros_like(log_committed).index_add(0, rows, log_i)
+    return log_committed + torch.zeros_like(log_committed).index_add(0, act, log_i)

@@ -1,4 +1,5 @@
-"""Show-o's unmasking, made recordable (DESIGN.md section 3, "Rollout").
+"""Show-o's unmasking, made recordable (showlab/Show-o ``models/modeling_showo.py``
+``t2i_generate`` and ``models/sampling.py`` ``mask_by_random_topk``).
 
 One step at state ``Y_t``: sample a token at every masked position from
 ``softmax(logits / temperature)``, score each by ``log p(x_i) + tau_t * Gumbel`` (``tau`` anneals

@@ -3,9 +3,9 @@ the Gumbel temperature of the remasking noise anneals.
 
 At step ``t`` of ``S`` (0-based) Show-o keeps ``floor(L * cos(pi/2 * (t+1)/S))`` tokens masked,
 clamped so that at least one token is committed and at least one stays masked, and at the last
-step everything is committed (DESIGN.md section 3, rule 4). The cosine is evaluated on a float32
-tensor exactly as the reference does, so floors agree with it bit for bit. The sampler takes
-both as arguments (:data:`MaskSchedule`, :data:`GumbelAnneal`) so that a model can bring its own;
+step everything is committed (showlab/Show-o ``models/modeling_showo.py``, ``t2i_generate``).
+The cosine is evaluated on a float32 tensor exactly as the reference does, so floors agree with
+it bit for bit. The sampler takes both as arguments (:data:`MaskSchedule`, :data:`GumbelAnneal`) so that a model can bring its own;
 these are the defaults.
 """
 

@@ -129,6 +129,26 @@ class CheckpointStore:
         self._retain(keep, name)
         return self._display(name)
 
+    def remove_staging(self) -> list[str]:
+        """Remove what unfinished writes left at a local location (``.tmp-step_*`` staging
+        folders, the ``latest`` pointer's temporary file): a writer killed mid-write never
+        reaches its cleanup. Call it before any write of the run (one location per run). The
+        paths removed; none for an object store (its staging is a local temporary folder)."""
+        if not self.is_local or not Path(self.root).is_dir():
+            return []
+        gone = []
+        for p in sorted(Path(self.root).glob(f".tmp-{STEP_PREFIX}*")) + [
+            Path(self._path(f".{LATEST}.tmp"))
+        ]:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists():
+                p.unlink()
+            else:
+                continue
+            gone.append(str(p))
+        return gone
+
     def _publish_local(self, staging: Path, name: str) -> None:
         for f in staging.rglob("*"):
             if f.is_file():

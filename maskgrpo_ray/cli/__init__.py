@@ -2,7 +2,7 @@
 maskgrpo_ray.cli``).
 
 :mod:`~maskgrpo_ray.cli.app` is the command itself (the parser, the dispatch, ``train``,
-``validate``, ``scale`` and ``status``); ``plan``, ``prompts`` and ``configs`` are its
+``validate``, ``scale`` and ``status``); ``plan``, ``prompts``, ``configs`` and ``geneval`` are its
 sub-commands' modules, and ``maskgrpo eval`` is :mod:`maskgrpo_ray.evaluation.cli`.
 
 This package stays light (no torch, no ray: ``maskgrpo_ray.plan`` loads ``cli.plan`` alone), so
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "run_train", "train_command", "validate_command"]
 
-_MODULES = frozenset({"app", "configs", "plan", "prompts"})  # never looked up in app
+_MODULES = frozenset({"app", "configs", "geneval", "plan", "prompts"})  # never looked up in app
 
 
 def __getattr__(name: str) -> Any:

@@ -118,12 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--config", default=None, help=config_help)
     v.add_argument("--set", dest="overrides", action="append", default=[])
     from maskgrpo_ray.cli import configs as configs_cli
+    from maskgrpo_ray.cli import geneval as geneval_cli
     from maskgrpo_ray.cli import prompts as prompts_cli
     from maskgrpo_ray.evaluation import cli as eval_cli
 
     eval_cli.register(sub)
     prompts_cli.register(sub)
     configs_cli.register(sub)
+    geneval_cli.register(sub)
     d = sub.add_parser("config-docs", help="print the config reference (docs/config.md)")
     d.add_argument("--out", default=None, metavar="FILE", help="write it to FILE instead")
     return p
@@ -144,6 +146,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     was checked on the hub but not downloaded (``maskgrpo validate``); their files are not
     checked. Raises a :class:`UserError` naming the field, the path and the fix."""
     from maskgrpo_ray.models.registry import check_model_files
+    from maskgrpo_ray.pipeline.geneval_judge import warn_same_detector
     from maskgrpo_ray.pipeline.settings import check_diversity_spaces, settings_from_config
     from maskgrpo_ray.prompts.loading import load_prompt_records
     from maskgrpo_ray.rewards.base import check_reward_files
@@ -164,6 +167,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     ]
     if reward.judge is not None and not any(k.startswith("eval.geneval.") for k in unfetched):
         fetched.append(reward.judge)  # eval.geneval's scorer
+    warn_same_detector(reward.specs, reward.judge)  # one line: trained and judged alike
     check_reward_files(fetched)
     for key in sorted(unfetched):
         log.info("%s: a hub id not downloaded by validate; its files are checked by train", key)
@@ -181,7 +185,7 @@ def run_train(
     import torch
 
     from maskgrpo_ray.loop import driver
-    from maskgrpo_ray.loop.driver import EvalSet
+    from maskgrpo_ray.loop.held_out import EvalSet
     from maskgrpo_ray.pipeline.build import build_filter, build_policy, build_reward_from_settings
     from maskgrpo_ray.prompts.loading import PromptStream, keep_valid_prompts
     from maskgrpo_ray.runlog.run_log import write_json_atomic
@@ -206,7 +210,7 @@ def run_train(
         reward = build_reward_from_settings(settings.reward)
         ex: Executor = LocalExecutor(cfg, policy, reward, build_filter(settings.filter))
     else:
-        from maskgrpo_ray.backend.executor import RayExecutor
+        from maskgrpo_ray.backend.ray_executor import RayExecutor
 
         ex = RayExecutor(cfg)
         train_prompts, _ = keep_valid_prompts(train_prompts, batched_check(ex, train_prompts))
@@ -331,6 +335,10 @@ def _run(args: argparse.Namespace) -> int:
         from maskgrpo_ray.cli import configs as configs_cli
 
         return configs_cli.run(args)
+    if args.command == "geneval":
+        from maskgrpo_ray.cli import geneval as geneval_cli
+
+        return geneval_cli.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -267,8 +267,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"profile {profile.name} ({profile.device}; {profile.source})")
     print(
         f"workload: B={work.prompts_per_step} G={work.samples_per_prompt} "
-        f"S={work.unmasking_steps}, {work.pairs_per_sample:g} trained pairs per sample "
-        f"({work.estimator or profile.estimator}); {mode}"
+        f"S={work.unmasking_steps}, {work.units_per_sample * work.updates_per_batch:g} trained "
+        f"pairs per sample in {work.forward_passes_per_sample * work.updates_per_batch:g} "
+        f"forward rows, {work.learner_pairs(profile.learner_scoring_share):.4g} pairs' learner "
+        f"work ({work.estimator or profile.estimator}); {mode}"
     )
     print(
         f"per image: rollout r={c.r:.3f} GPU-s, learner l={c.l:.3f} GPU-s, reward "

@@ -11,8 +11,8 @@ to the YAML before validation.
 
 This module is the import point: the whole tree (:class:`Config`), its cross-section rules, and
 loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
-``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``,
-``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
+``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``),
+:mod:`maskgrpo_ray.config.learner` (``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
 :mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
 no torch and no model: a model kind's module is imported when a config naming it is validated.
 """
@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, model_validator
 from maskgrpo_ray.config import builtin
 from maskgrpo_ray.config.base import Strict
 from maskgrpo_ray.config.evidence import EvidenceConfig
+from maskgrpo_ray.config.learner import LearnerConfig
 from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
     LikelihoodConfig,
@@ -45,12 +46,12 @@ from maskgrpo_ray.config.training import (
     DiversityConfig,
     EnsembleConfig,
     FilterConfig,
-    LearnerConfig,
     RewardComponent,
     RewardConfig,
     TrainConfig,
 )
 from maskgrpo_ray.errors import UserError, read_utf8
+from maskgrpo_ray.runlog.probe_alarms import PROBE_ALARMS
 
 __all__ = [
     "RENAMED_FIELDS",
@@ -214,6 +215,7 @@ class Config(Strict):
                 f"rollout.unmasking_steps={steps} steps; lower it or set it to 0"
             )
         _gdpo_rules(self)
+        _lever_rules(self)
         ro = self.rollout
         if est == "trajectory" and ro.sampler == "ancestral" and ro.transition != "p2":
             raise ValueError(
@@ -245,6 +247,31 @@ def _gdpo_rules(cfg: Config) -> None:
             "GDPO normalises each component within its group before summing, which needs "
             "two or more reward.components; use advantage 'grpo', or add a component"
         )
+
+
+def _lever_rules(cfg: Config) -> None:
+    """Lever combinations that cannot work (issue 53): a KL to a base that was never trained,
+    an alarm that stops the run with no monitor or probe to trip it."""
+    t, m = cfg.train, cfg.model
+    steps = {"toy": m.toy.pretrain_steps, "shapes": m.shapes.pretrain_steps}.get(m.kind)
+    if (t.kl_coef > 0 or t.anchor_kl_coef > 0) and steps == 0:
+        raise ValueError(
+            f"train.kl_coef={t.kl_coef} (anchor_kl_coef={t.anchor_kl_coef}) with "
+            f"model.{m.kind}.pretrain_steps=0: the base is untrained random weights, so the KL "
+            "holds the policy to noise; pre-train the base (pretrain_steps > 0) or set the KL "
+            "coefficients to 0"
+        )
+    mon = cfg.logging.monitors
+    probing = mon.enabled and mon.probe_prompts > 0 and mon.probe_every_steps > 0
+    for name in mon.stop_on:
+        needs_probe = name in PROBE_ALARMS or name == "probe_hacking"
+        if not mon.enabled or (needs_probe and not probing):
+            raise ValueError(
+                f"logging.monitors.stop_on names {name!r}, which cannot trip: the monitors "
+                f"are off (enabled={mon.enabled}) or it needs the probe (probe_prompts="
+                f"{mon.probe_prompts}, probe_every_steps={mon.probe_every_steps}); turn them "
+                "on or drop it from stop_on"
+            )
 
 
 class ConfigError(UserError, ValueError):

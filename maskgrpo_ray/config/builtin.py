@@ -10,7 +10,7 @@ copies them. No torch, no ray.
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib
 import logging
 from pathlib import Path
 
@@ -28,8 +28,10 @@ class NoSuchConfig(UserError, FileNotFoundError):
 
 def folder() -> Path:
     """Where the built-in configs are: ``<site-packages>/maskgrpo_ray/configs`` in a pip install,
-    the repository's ``configs/`` in a checkout (an editable install)."""
-    return Path(str(importlib.resources.files(PACKAGE)))
+    the repository's ``configs/`` in a checkout (an editable install, or the checkout on the
+    path). The package's ``__path__``, not ``importlib.resources``: in a checkout on the path the
+    package is ``maskgrpo_ray/configs/__init__.py``, whose ``__path__`` reaches ``configs/``."""
+    return Path(importlib.import_module(PACKAGE).__path__[0])
 
 
 def names() -> list[str]:

@@ -26,7 +26,6 @@ from maskgrpo_ray.config import (
     EvidenceConfig,
     FilterConfig,
     ForwardEstimatorConfig,
-    LearnerConfig,
     LikelihoodConfig,
     LoggingConfig,
     LoraConfig,
@@ -40,6 +39,7 @@ from maskgrpo_ray.config import (
     ToyModelConfig,
     TrainConfig,
 )
+from maskgrpo_ray.config.learner import LearnerConfig
 from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
 from maskgrpo_ray.config.run import MonitorsConfig
 

@@ -120,17 +120,23 @@ class MetricSpec(Strict):
         return self.name or self.kind
 
 
-DEFAULT_GENEVAL_DETECTOR = "hf://facebook/mask2former-swin-small-coco-instance"
+DEFAULT_GENEVAL_DETECTOR = "official"
+HUB_GENEVAL_DETECTOR = "hf://facebook/mask2former-swin-small-coco-instance"
 
 
 class GenEvalJudgeConfig(Strict):
     """GenEval's scorer for the evaluation of a real model (``eval.geneval``): in the run and in
-    ``maskgrpo eval``, when the evaluation prompts carry GenEval metadata (docs/evaluation.md)."""
+    ``maskgrpo eval``, when the evaluation prompts carry GenEval metadata (docs/evaluation.md).
+    A run whose reward is ``geneval`` judges with it even when unset (its defaults): a judge
+    the policy did not train against (docs/evaluation.md, "A held-out judge")."""
 
     detector: str = Field(
         DEFAULT_GENEVAL_DETECTOR,
-        description="the Mask2Former COCO-instance detector: a local transformers folder "
-        "(config.json, model.safetensors) or an hf:// id resolved before any actor starts",
+        description="the Mask2Former COCO-instance detector: `official` (GenEval's own "
+        "weights, OpenMMLab's mmdetection checkpoint, after `maskgrpo geneval convert-detector "
+        "PATH.pth`), a local transformers folder (config.json, model.safetensors) or an hf:// "
+        f"id resolved before any actor starts ({HUB_GENEVAL_DETECTOR}: Meta's Detectron2 "
+        "training of the same architecture, converted by transformers; not GenEval's weights)",
     )
     colour_model: str = Field(
         "ViT-L-14", description="open_clip architecture of the colour classifier (GenEval's)"

@@ -300,7 +300,8 @@ class ForwardEstimatorConfig(Strict):
         description=(
             "'stratified': draw k masks ratio min + (max-min)(k+1)/K (MaskGRPO on MMaDA); "
             "'uniform': ratios drawn from U(min, max) per sample; 'step_focus': the masked "
-            "counts of the K trajectory steps where the prediction changes most (MaskFocus-style)"
+            "counts of the K critical steps of the sample's group (MaskFocus-style, the same "
+            "steps train.unmasking_step_selection critical trains)"
         ),
     )
     reduction: Literal["mean", "sum"] = Field(

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from maskgrpo_ray.config.base import Strict
 from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
+from maskgrpo_ray.runlog.probe_alarms import ALL_ALARMS
 from maskgrpo_ray.runlog.trackers import TrackerName, check_args, check_installed
 
 
@@ -136,6 +137,61 @@ class MonitorsConfig(Strict):
         gt=0,
         description="drift of the dark, saturated or edge share (0-1) that trips the drift alarm",
     )
+    judge_drop_se: float = Field(
+        3.0,
+        gt=0,
+        description="judge_drop alarm: a probe's judge below the base's probe by more than this "
+        "many standard errors (the base's own, from two draws of the step-0 probe)",
+    )
+    reward_drop_se: float = Field(
+        3.0,
+        gt=0,
+        description="reward_drop alarm: a probe's reward below the base's probe by more than "
+        "this many standard errors (GRPO lowering its own reward is a failure)",
+    )
+    diversity_share: float = Field(
+        0.75,
+        ge=0,
+        le=1,
+        description="diversity_loss alarm: a probe's pairwise diversity (eval_diversity/pairwise) "
+        "below this share of the base probe's ...",
+    )
+    diversity_drop_se: float = Field(
+        2.0,
+        ge=0,
+        description="... and below it by more than this many standard errors of the base",
+    )
+    drift_z: float = Field(
+        2.5,
+        gt=0,
+        description="probe_drift alarm: a probe's image statistic (colour entropy, dark, "
+        "saturated, edges; a detector's malformed share) further from the base probe's than "
+        "this many spreads of the base's per-prompt values",
+    )
+    persist_probes: int = Field(
+        1, ge=1, description="probes in a row a probe alarm's rule must hold to trip"
+    )
+    probe_kl: bool = Field(
+        True,
+        description="log probe/kl, the KL of the policy to its base on the probe's samples "
+        "(k1 per token; local backend: the KL term's reference, else a frozen copy of the base "
+        "kept from the start, one model's memory; a LoRA policy's base is its adapter disabled)",
+    )
+    stop_on: list[str] = Field(
+        default_factory=list,
+        description="alarms that stop the run when they trip (a checkpoint, summary.json "
+        "'completed': false, 'stopped_by': 'monitor alarm ...'); empty: an alarm only logs",
+    )
+
+    @field_validator("stop_on")
+    @classmethod
+    def _alarm_names(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if n not in ALL_ALARMS]
+        if bad:
+            raise ValueError(
+                f"logging.monitors.stop_on names {bad}: not an alarm; the alarms are {list(ALL_ALARMS)}"
+            )
+        return names
 
 
 class LoggingConfig(Strict):
@@ -146,6 +202,13 @@ class LoggingConfig(Strict):
         description="reward-hacking and collapse monitors (docs/monitors.md)",
     )
 
+    diagnostics: bool = Field(
+        False,
+        description="log why a seed fails, per step (docs/monitors.md, Diagnostics; local "
+        "backend): diag/update_over_lr (||delta theta|| / lr) and diag/grad_half_cosine (the "
+        "cosine of two half-batches' gradients: two more passes over the batch without an "
+        "optimizer step, about the update's compute again; the RNG and the update unchanged)",
+    )
     sample_grid_every_steps: int = Field(
         20, ge=0, description="driver steps between saved sample grids (and the last); 0: never"
     )
@@ -221,7 +284,9 @@ class RunConfig(Strict):
             "and publishes them while the next steps run; the next checkpoint, a restore, a "
             "SIGTERM's checkpoint and the run's end wait for it. The manifest and `latest` are "
             "written last, so a crash mid-write leaves the previous checkpoint the newest "
-            "valid one. Host memory: up to two copies of the learner state (bench/checkpoint_cost.py)"
+            "valid one; a learner rank lost mid-write discards that write and rolls back to "
+            "the newest published checkpoint. On in configs/showo_*.yaml. Host memory: up to "
+            "two copies of the learner state (bench/checkpoint_cost.py)"
         ),
     )
     keep_checkpoints: int = Field(

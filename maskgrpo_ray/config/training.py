@@ -1,5 +1,6 @@
 """The update's config sections: scoring (``reward``), sample filtering (``filter``), the
-clipped GRPO objective and its optimizer (``train``) and the learner group (``learner``).
+clipped GRPO objective and its optimizer (``train``) (the learner group's section, ``learner``, is
+:mod:`maskgrpo_ray.config.learner`).
 
 Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic.
 """
@@ -233,14 +234,21 @@ class TrainConfig(Strict):
     advantage_eps: float = Field(
         1e-4, gt=0, description="eps of A = (r - mean) / (std + eps) (Eq. 12)"
     )
-    advantage: Literal["grpo", "centred", "gdpo"] = Field(
+    advantage: Literal["grpo", "centred", "gdpo", "batch_std"] = Field(
         "grpo",
         description=(
             "grpo: A = (r - mean) / (std + eps) per group (Eq. 12); centred: A = r - mean "
             "(GARDO's, Dr. GRPO's); gdpo: each reward component normalised within its group, "
             "their weighted sum normalised over the batch (GDPO, arXiv 2601.05242; needs two "
-            "or more reward.components)"
+            "or more reward.components); batch_std: A = (r - group mean) / (the batch's reward "
+            "std + eps) (Flow-GRPO's global std: a near-constant group keeps small advantages)"
         ),
+    )
+    advantage_clip: float = Field(
+        0.0,
+        ge=0,
+        description="clamp every advantage to [-c, c] after train.advantage and train.diversity "
+        "(Flow-GRPO clips at 5); 0: no clip",
     )
     diversity: DiversityConfig = Field(
         default_factory=DiversityConfig, description="diversity-aware advantages"
@@ -258,11 +266,12 @@ class TrainConfig(Strict):
             "(MixGRPO); auto: the steps the step-signal probe (step_signal_every_steps) "
             "measures above the shuffled floor (unmasking_step_auto_margin), at most k, "
             "re-measured at every probe; the first probe runs before the first update; "
-            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per sample: the k steps "
+            "critical: MaskFocus's critical steps (zghhui/MaskFocus), per group: the k steps "
             "whose prediction moved the intermediate image furthest towards the final sample "
             "(|a_t - a_(t-1)|, a_t the share of tokens where step t's predicted image equals "
-            "the final one; candidates 1 .. S-2 as MaskFocus's, steps 0 and S-1 ranked last), "
-            "recorded by the rollout"
+            "the final one, averaged over the group; candidates 1 .. S-2 as MaskFocus's, steps "
+            "0 and S-1 ranked last), recorded by the rollout; a group's samples train the same "
+            "steps"
         ),
     )
     unmasking_steps_trained: int = Field(
@@ -328,7 +337,10 @@ class TrainConfig(Strict):
         0.0, ge=0, description="beta of the anchored steps' KL to the base (per transition)"
     )
     micro_batch_pairs_per_gpu: int = Field(
-        256, ge=1, description="(sample, unmasking step) pairs per forward pass, per learner rank"
+        256,
+        ge=1,
+        description="(sample, unmasking step) pairs per forward pass, per learner rank; under "
+        "trajectory_shrinkage, model input rows (one per sample and block of s steps)",
     )
     updates_per_batch: int = Field(
         1, ge=1, description="optimizer updates (passes) over each driver step's batch"
@@ -338,7 +350,9 @@ class TrainConfig(Strict):
         gt=0,
         description=(
             "on-policy check: when every sample of an update was generated with the learner's "
-            "weights (lag 0), the first micro-batch's max |ratio - 1| is logged as "
+            "weights (lag 0), the first pass's max |ratio - 1| against the rollout's cached "
+            "log-probs (every micro-batch; under trajectory_shrinkage the block starts only, "
+            "onpolicy/measured_share of the pairs; NaN when none) is logged as "
             "onpolicy/first_ratio_max_abs_dev and a WARNING names the step when it exceeds "
             "this. float32 round-off of a transition log-prob summed over L tokens stays well "
             "under 1e-3 (the toy: under 1e-5); under learner.autocast bf16 raise it (bf16 "
@@ -387,55 +401,3 @@ class TrainConfig(Strict):
                 "rate stops or reverses learning; use e.g. 3e-4 (toy) or 3e-6 (Show-o)"
             )
         return self
-
-
-class LearnerConfig(Strict):
-    """The learner group: DeepSpeed ranks that compute the update."""
-
-    num_workers: int = Field(1, ge=1, description="learner ranks (torch.distributed world size)")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage")
-    bf16: bool = Field(False, description="DeepSpeed bf16 mixed precision")
-    num_cpus_per_worker: float = Field(0.5, ge=0, description="Ray CPUs reserved per learner rank")
-    num_gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank")
-    custom_resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="custom Ray resources each learner rank asks for besides CPUs and GPUs, e.g. "
-        "{learner_node: 0.01}: it is then placed only on nodes that advertise them (ray_cluster.yaml's "
-        "learner_gpu node type does); empty: any node",
-    )
-    torch_threads_per_worker: int = Field(
-        0,
-        ge=0,
-        description=(
-            "torch threads per rank; 0: on GPU torch's default; on CPU the node's cores / "
-            "num_workers in the synchronous loop, and num_cpus_per_worker (at least 1) with "
-            "rollout.max_policy_lag > 0, where rollouts run on the same cores during the update"
-        ),
-    )
-    activation_checkpointing: bool = Field(
-        False,
-        description=(
-            "recompute each transformer layer's activations in the backward pass (less memory "
-            "per micro-batch, about one more forward of compute; the same gradients); a model "
-            "kind without it says so in a warning"
-        ),
-    )
-    autocast: Literal["off", "bf16"] = Field(
-        "off",
-        description="'bf16': the learner's forward passes under torch.autocast in bfloat16 "
-        "(float32 weights, gradients, optimizer and loss; the standard mixed precision). "
-        "learner.bf16 is DeepSpeed's bf16 mode instead (bf16 weights, float32 master copy)",
-    )
-    weight_sync: Literal["auto", "object_store", "collective"] = Field(
-        "auto",
-        description=(
-            "learner -> rollout weights: 'object_store' (one ray.put, fetched per node), "
-            "'collective' (learner rank 0 broadcasts packed buckets in a torch.distributed "
-            "group with the rollout actors: NCCL on GPUs, gloo on CPUs; NCCL needs whole GPUs, "
-            "one per member), 'auto': collective when the learner ranks and the rollout actors "
-            "hold whole GPUs (>= 1 each) and zero_stage < 3, else the object store"
-        ),
-    )
-    weight_sync_bucket_mb: float = Field(
-        256.0, gt=0, description="collective weight sync: bytes per broadcast bucket, in MiB"
-    )

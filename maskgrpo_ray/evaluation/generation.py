@@ -20,7 +20,8 @@ import torch
 from maskgrpo_ray.algo.diversity import CEILING, FIGURES, expected_distinct_fraction
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.models.registry import entry_for
-from maskgrpo_ray.pipeline.messages import RolloutBatch
+from maskgrpo_ray.pipeline.learner_loss import pair_log_probs, train_pairs
+from maskgrpo_ray.pipeline.messages import RolloutBatch, TrainBatch
 from maskgrpo_ray.pipeline.phases import generate, score_rewards
 from maskgrpo_ray.pipeline.settings import EvalSettings
 
@@ -94,6 +95,41 @@ def grid_unit(prompts: Sequence[str], settings: EvalSettings) -> tuple[EvalUnit,
     )
 
 
+# what a monitor probe summarises besides the evaluation's figures (docs/monitors.md): the KL to
+# the base (``probe_kl``) and the image statistics (``runlog.monitors.image_statistics``)
+PROBE_FIGURES = (
+    "kl",
+    "image/colour_entropy",
+    "image/dark",
+    "image/saturated",
+    "image/edges",
+    "image/malformed",
+)
+KL_PAIRS_PER_PASS = 256  # (sample, step) pairs per forward pass of probe_kl
+
+
+@torch.no_grad()
+def probe_kl(
+    policy: MaskedImagePolicy, base: MaskedImagePolicy, batch: RolloutBatch
+) -> torch.Tensor:
+    """Per sample of ``batch`` (drawn from ``policy``), float ``[N]``: the log-ratio of its
+    whole trajectory under ``policy`` and under ``base`` per token,
+    ``sum_t (log pi(Y_t | Y_t-1) - log base(Y_t | Y_t-1)) / L``, both scored with the
+    learner's likelihood (``learner_loss.pair_log_probs``, the rollout's guidance and
+    temperature). Its mean over samples is the k1 estimate of KL(policy || base) per token."""
+    tb = TrainBatch.from_rollout(batch, torch.zeros(batch.num_samples))
+    n, units = batch.old_logp.shape
+    samples, steps = train_pairs(tb, torch.arange(units))
+    diff = []
+    with torch.random.fork_rng(devices=[]):  # a forward that draws (dropout) leaves no trace
+        for s in range(0, samples.numel(), KL_PAIRS_PER_PASS):
+            i, t = samples[s : s + KL_PAIRS_PER_PASS], steps[s : s + KL_PAIRS_PER_PASS]
+            lp, lb = pair_log_probs(policy, tb, i, t), pair_log_probs(base, tb, i, t)
+            diff.append((lp - lb).cpu())
+    per_sample = torch.cat(diff).double().view(n, units).sum(-1)
+    return (per_sample / batch.final_tokens.shape[1]).float()
+
+
 def unit_rewards(
     reward: Any, batch: RolloutBatch, prompt_meta: Mapping[str, Any] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -145,16 +181,19 @@ def ceiling_figures(
 
 
 def summarize(
-    per_unit: Sequence[dict[str, torch.Tensor]], tags: Sequence[str | None] | None = None
+    per_unit: Sequence[dict[str, torch.Tensor]],
+    tags: Sequence[str | None] | None = None,
+    extra: Sequence[str] = (),
 ) -> dict[str, float]:
     """``eval_reward``, ``eval_accuracy`` and ``eval_diversity/distinct`` / ``pairwise`` / ``nn``
     / ``layouts`` / ``distinct_ceiling`` (those present):
     means over the finite per-sample values of all units (NaN when none is finite). With ``tags``
     (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
     tag, and ``eval_accuracy/tag_mean``: the mean of the tags' accuracies, GenEval's "Overall"
-    (``eval_accuracy`` weighs every image alike, so a tag with more prompts weighs more)."""
+    (``eval_accuracy`` weighs every image alike, so a tag with more prompts weighs more).
+    ``extra``: more per-sample keys summarised alike (a monitor probe's :data:`PROBE_FIGURES`)."""
     out: dict[str, float] = {}
-    for key in ("reward", "accuracy", *FIGURES):
+    for key in ("reward", "accuracy", *FIGURES, *extra):
         parts = [u[key] for u in per_unit if key in u]
         if not parts:
             continue
@@ -181,11 +220,19 @@ def evaluate_rewards(
     settings: EvalSettings,
     tags: Sequence[str | None] | None = None,
     prompt_meta: Mapping[str, Any] | None = None,
+    *,
+    probe: bool = False,
+    base: MaskedImagePolicy | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation in one process: every unit generated and scored with the training
-    reward (given ``prompt_meta``: prompt text -> metadata), summarised (:func:`summarize`)."""
-    units = make_units(prompts, settings)
-    per_unit = [
-        unit_rewards(reward, generate_unit(policy, u, settings), prompt_meta) for u in units
-    ]
-    return summarize(per_unit, tags)
+    reward (given ``prompt_meta``: prompt text -> metadata), summarised (:func:`summarize`).
+    ``probe``: the monitor probe's :data:`PROBE_FIGURES` too (the KL to ``base`` where one is
+    given)."""
+    per_unit = []
+    for u in make_units(prompts, settings):
+        rb = generate_unit(policy, u, settings)
+        figures = unit_rewards(reward, rb, prompt_meta)
+        if probe and base is not None:
+            figures["kl"] = probe_kl(policy, base, rb)
+        per_unit.append(figures)
+    return summarize(per_unit, tags, PROBE_FIGURES if probe else ())

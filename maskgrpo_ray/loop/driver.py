@@ -1,7 +1,7 @@
 """The step loop, as phases: collect (generate, score, filter, re-sample), advantages, update,
 sync, log.
 
-One loop for both backends (``local.LocalExecutor``, ``backend.executor.RayExecutor``,
+One loop for both backends (``local.LocalExecutor``, ``backend.ray_executor.RayExecutor``,
 through the :class:`~maskgrpo_ray.loop.executor.Executor` protocol) and both modes: a step
 collects its groups from the :class:`~maskgrpo_ray.loop.collect.GroupSource`, submits the next
 step's when ``rollout.max_policy_lag`` allows (they are generated with the weights before this
@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.evaluation.generation import ceiling_figures
 from maskgrpo_ray.evaluation.weights import export_final_policy
-from maskgrpo_ray.loop.base_eval import evaluate_base
 from maskgrpo_ray.loop.collect import GroupSource, Pending, make_source, steps_ahead
 from maskgrpo_ray.loop.executor import Executor, PhaseTimer
 from maskgrpo_ray.loop.figures import (
@@ -31,6 +29,7 @@ from maskgrpo_ray.loop.figures import (
     grid_due,
     run_summary,
 )
+from maskgrpo_ray.loop.held_out import EvalSet, evaluate_base, evaluate_held_out
 from maskgrpo_ray.loop.monitoring import Monitor
 from maskgrpo_ray.loop.recovery import (
     RUN_ENDS,
@@ -44,6 +43,7 @@ from maskgrpo_ray.loop.recovery import (
 from maskgrpo_ray.loop.staleness import check_rollout, onpolicy_check
 from maskgrpo_ray.loop.step_signal_probe import StepSignalProbe
 from maskgrpo_ray.pipeline.data_plane import fetch_rollout
+from maskgrpo_ray.pipeline.diagnostics import group_figures
 from maskgrpo_ray.pipeline.learner_core import LearnerLost
 from maskgrpo_ray.pipeline.messages import TrainBatch, tensor_nbytes
 from maskgrpo_ray.pipeline.phases import make_train_batch
@@ -94,6 +94,9 @@ def run_step(
     if col.kept is not None and keep is not None and bool(keep.any()):
         with timer("advantages"):
             tb = make_train_batch(col.kept, keep, settings.advantage)
+            g = col.kept.rollout.group_size
+            kept = col.kept.rewards[keep.repeat_interleave(g)]
+            row.update(group_figures(kept, tb.advantages, g))  # the trained groups' spread
         if isinstance(tb, TrainBatch):  # one process: the batch itself
             row["bytes/train_batch"] = float(tensor_nbytes(tb))
         with timer("update"):
@@ -126,31 +129,6 @@ def run_step(
     n_samples = int(col.stats["groups_generated"]) * settings.samples_per_prompt
     closing_figures(row, timer.seconds, time.perf_counter() - t0, n_samples)
     return StepOutcome(row, scored, col.generated.reward_failures, grid), queue
-
-
-@dataclass(frozen=True)
-class EvalSet:
-    """Held-out prompts with their GenEval tags (one per prompt; None: untagged): evaluations
-    then also report ``eval_<key>/<tag>``."""
-
-    prompts: list[str]
-    tags: list[str | None]
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-
-def _evaluate(cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet) -> dict[str, float]:
-    """The executor's held-out evaluation and, beside it, the ceiling of its
-    ``eval_diversity/distinct`` where the world knows it (``evaluation.generation``)."""
-    if isinstance(eval_prompts, EvalSet):
-        prompts, tags = eval_prompts.prompts, eval_prompts.tags
-        out = ex.evaluate(prompts, tags)
-    else:
-        prompts, tags = eval_prompts, None
-        out = ex.evaluate(prompts)
-    out.update(ceiling_figures(cfg.model, prompts, cfg.eval.samples_per_prompt, tags))
-    return out
 
 
 def _tag_grid(loop: _Loop, name: str) -> Path | None:
@@ -211,12 +189,16 @@ class _Loop:
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step < cfg.train.steps - 1:
-            row.update(_evaluate(cfg, self.ex, self.eval_prompts))
+            row.update(evaluate_held_out(cfg, self.ex, self.eval_prompts))
         if out.grid is not None:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
         if self.monitor is not None:
             row.update(self.monitor.observe(self.runlog.rows, row))
+            alarm = self.monitor.stops()
+            if alarm is not None and not stop.requested:  # logging.monitors.stop_on
+                stop.signal_name, stop.t_signal = f"monitor alarm {alarm!r}", time.monotonic()
+                log.warning("monitor alarm %r is in logging.monitors.stop_on: stopping", alarm)
         self.runlog.log_step(row)
         return row
 
@@ -247,19 +229,23 @@ def _progress_bar(cfg: Config, start_step: int) -> Any:
 
 def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     """Restore from ``resume_from`` (the step to continue at), or evaluate the base model."""
+    ckpts.remove_stale_staging()  # a crashed write's leftovers
     if resume_from is not None:
         start_step, loop.base, loop.totals = ckpts.restore(resume_from)
         return start_step
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     t0 = time.perf_counter()
     loop.base = evaluate_base(
-        loop.cfg, loop.ex.policy_state, lambda: _evaluate(loop.cfg, loop.ex, loop.eval_prompts)
+        loop.cfg,
+        loop.ex.policy_state,
+        lambda: evaluate_held_out(loop.cfg, loop.ex, loop.eval_prompts),
     )
     loop.eval_seconds["base"] = time.perf_counter() - t0
     log.info("base model: %s", loop.base)
     loop.base_grid = _tag_grid(loop, "base")
     if loop.cadence.enabled:  # the start is a checkpoint too: a lost learner can come back
-        ckpts.save(0, loop.base, loop.totals)
+        # in the foreground: its whole time sizes the SIGTERM reserve from the first step
+        ckpts.save(0, loop.base, loop.totals, wait=True)
         loop.cadence.saved()
     return 0
 
@@ -313,8 +299,8 @@ def _advance(
     if (loop.cadence.at_step(at.step) or loop.cadence.time_due()) and not loop.pending:
         ckpts.save(at.step, loop.base, loop.totals)
         loop.cadence.saved()
-        # what a checkpoint before exit needs: a whole write (the last one finished)
-        stop.save_s = max(stop.save_s, ckpts.writer.last_write_s, ckpts.writer.last_snapshot_s)
+        # what a checkpoint before exit needs: a whole one (snapshot + the last finished write)
+        stop.save_s = max(stop.save_s, ckpts.whole_save_s())
         at = RunCursor(at.step, at.step)
     if on_step_end is not None:
         on_step_end(at.step - 1, row)
@@ -375,53 +361,67 @@ def _run(
     on_step_end: Any,
 ) -> dict[str, Any]:
     """The step loop under the preemption handler, then the end of a stopped or a whole run."""
-    cfg, ex = loop.cfg, loop.ex
-    stop = Preemption(cfg.run.preemption_grace_seconds)
-    stop.install()
+    stop = Preemption(loop.cfg.run.preemption_grace_seconds, ckpts.writer)
+    stop.save_s = ckpts.whole_save_s()  # the start's checkpoint (0 on a resume until one)
+    stop.install()  # until the last checkpoint is written: a second signal loses nothing
     try:
-        at, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
-        next_step, saved_step = at.step, at.saved
+        try:
+            at, abandoned = _steps(loop, ckpts, stop, start_step, on_step_end)
+            next_step, saved_step = at.step, at.saved
+        finally:
+            loop.source.shutdown()
+            ckpts.flush()  # a background write finishes (or raises) before the run ends
+        if not stop.requested and saved_step != next_step:
+            # the run's end is a checkpoint: a resume with more steps goes on
+            ckpts.save(next_step, loop.base, loop.totals, wait=True)
+            saved_step = next_step
+        if stop.requested:
+            return _stopped(
+                loop, ckpts, stop, (start_step, next_step, saved_step), abandoned, t_start
+            )
     finally:
         stop.uninstall()
-        loop.source.shutdown()
-        ckpts.flush()  # a background write finishes (or raises) before the run ends
-    if stop.requested:
-        resume_at = saved_step
-        if not abandoned:
-            resume_at = stop.checkpoint_before_exit(
-                ckpts, next_step, saved_step, loop.base, loop.totals
-            )
-        loop.runlog.plot_reward_curve()
-        summary = run_summary(
-            cfg, ex.policy_version, start_step, loop.base, {}, loop.totals, t_start
-        )
-        summary.update(
-            eval_prompts=len(loop.eval_prompts),
-            completed=False,
-            stopped_by=stop.signal_name,
-            steps_done=next_step,
-            resume_step=resume_at,
-        )
-        loop.runlog.write_summary(summary)
-        log.warning(
-            "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
-            stop.signal_name,
-            stop.grace_s - stop.seconds_left(),
-            next_step,
-            cfg.train.steps,
-        )
-        return summary
-    if saved_step != next_step:  # the run's end is a checkpoint: a resume with more steps goes on
-        ckpts.save(next_step, loop.base, loop.totals, wait=True)
-    ckpts.flush()
     return _finish(loop, run_dir, start_step, t_start)
+
+
+def _stopped(
+    loop: _Loop,
+    ckpts: Checkpoints,
+    stop: Preemption,
+    steps: tuple[int, int, int | None],
+    abandoned: bool,
+    t_start: float,
+) -> dict[str, Any]:
+    """The end of a run stopped by a signal: the checkpoint before exit (unless the step was
+    abandoned or the checkpoint is there) and ``summary.json`` with ``"completed": false``."""
+    cfg, (start_step, next_step, saved_step) = loop.cfg, steps
+    resume_at = saved_step
+    if not abandoned:
+        resume_at = stop.checkpoint_before_exit(
+            ckpts, next_step, saved_step, loop.base, loop.totals
+        )
+    loop.runlog.plot_reward_curve()
+    summary = run_summary(
+        cfg, loop.ex.policy_version, start_step, loop.base, {}, loop.totals, t_start
+    )
+    summary.update(eval_prompts=len(loop.eval_prompts), completed=False, steps_done=next_step)
+    summary.update(stopped_by=stop.signal_name, resume_step=resume_at)
+    loop.runlog.write_summary(summary)
+    log.warning(
+        "stopped by %s %.1f s after it, %d of %d steps done; run the same command to resume",
+        stop.signal_name,
+        stop.grace_s - stop.seconds_left(),
+        next_step,
+        cfg.train.steps,
+    )
+    return summary
 
 
 def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict[str, Any]:
     """The final evaluation, the exported policy, the reward curve and ``summary.json``."""
     cfg, ex = loop.cfg, loop.ex
     t0 = time.perf_counter()
-    final = _evaluate(cfg, ex, loop.eval_prompts)
+    final = evaluate_held_out(cfg, ex, loop.eval_prompts)
     loop.eval_seconds["final"] = time.perf_counter() - t0
     log.info("tuned model: %s", final)
     _tag_grid(loop, "final")

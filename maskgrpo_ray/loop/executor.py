@@ -1,7 +1,7 @@
 """What the driver's loop calls: the :class:`Executor` of a backend, and the phase timer.
 
 Two backends implement it: ``local.LocalExecutor`` (one process, the baseline and the
-reference) and ``backend.executor.RayExecutor`` (rollout, reward, filter and learner actors on a
+reference) and ``backend.ray_executor.RayExecutor`` (rollout, reward, filter and learner actors on a
 Ray cluster). The part a :class:`~maskgrpo_ray.loop.collect.GroupSource` uses (generate, score,
 filter) is :class:`GroupWork`; the loop itself calls update, sync, evaluate, save and load; the
 ``train`` command calls the rest (prompt checks and metadata, the step-end hook, shutdown).
@@ -75,8 +75,11 @@ class Executor(GroupWork, Protocol):
     def sync_weights(self) -> float: ...
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
-    ) -> dict[str, float]: ...
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
+    ) -> dict[str, float]:
+        """Held-out evaluation with fixed seeds (``evaluation.generation``); ``probe``: the
+        monitor probe's figures too (``PROBE_FIGURES``: the image statistics and, where the
+        backend holds the base, the KL to it)."""
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """Images of ``prompts`` under the evaluation sampler with a fixed seed (the run's

@@ -14,9 +14,10 @@ import torch
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.loop.collect import Collected
 from maskgrpo_ray.pipeline.data_plane import rollout_nbytes
+from maskgrpo_ray.pipeline.geneval_judge import geneval_detectors
 from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
 from maskgrpo_ray.pipeline.phases import reward_failure_metrics
-from maskgrpo_ray.pipeline.settings import StepSettings
+from maskgrpo_ray.pipeline.settings import StepSettings, settings_from_config
 from maskgrpo_ray.runlog.monitors import reward_agreement
 
 
@@ -115,9 +116,11 @@ def run_summary(
     totals: dict,
     t0: float,
 ) -> dict[str, Any]:
-    """``summary.json``'s common part: throughput, base and final figures."""
+    """``summary.json``'s common part: throughput, base and final figures, and which GenEval
+    detector scored the reward and which the evaluation (``geneval_detectors``, when any)."""
+    reward = settings_from_config(cfg).reward
     train_seconds = totals["train_seconds"]
-    return {
+    summary = {
         "backend": cfg.run.backend,
         "steps": cfg.train.steps,
         "start_step": start_step,
@@ -133,6 +136,10 @@ def run_summary(
         "base_eval": base,  # every figure, per GenEval tag too
         "final_eval": final,
     }
+    detectors = geneval_detectors(reward.specs, reward.judge)
+    if detectors:
+        summary["geneval_detectors"] = detectors
+    return summary
 
 
 def grid_due(settings: StepSettings, step: int) -> bool:

@@ -18,12 +18,14 @@ from maskgrpo_ray.loop.step_signal_probe import StepSignal, measure
 from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
 from maskgrpo_ray.pipeline.build import attach_judge
 from maskgrpo_ray.pipeline.data_plane import Traffic
+from maskgrpo_ray.pipeline.diagnostics import half_batch_cosine, trained_parameters, update_size
 from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
     apply_activation_checkpointing,
     apply_update,
     build_optimizer,
+    frozen_base,
     reference_policy,
 )
 from maskgrpo_ray.pipeline.messages import ScoredBatch, TrainBatch
@@ -53,6 +55,13 @@ class LocalExecutor:
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
         self.planner = UpdatePlanner(up)
         self.ref_policy = reference_policy(up, policy)
+        # the base the monitor probe's KL is measured against: the KL term's reference, else a
+        # frozen copy taken now, before any update or checkpoint load (logging.monitors.probe_kl)
+        self.probe_base = self.ref_policy
+        self.diagnostics = cfg.logging.diagnostics
+        m = cfg.logging.monitors
+        if self.probe_base is None and m.enabled and m.probe_kl and m.probe_prompts:
+            self.probe_base = frozen_base(policy)
         ro = cfg.rollout
         self.chunk_prompts = chunk_prompts_of(
             ro.prompts_per_chunk, cfg.train.prompts_per_step, ro.num_actors
@@ -120,23 +129,37 @@ class LocalExecutor:
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """The learner's update (``learner_core.apply_update``) run in this process."""
         plan = self.planner.plan(self.policy_version, batch.num_samples, batch.group_size)
-        m = apply_update(
-            self.optimizing, batch, plan, self.settings.update, ref_policy=self.ref_policy
-        )
+        up = self.settings.update
+        before, extra = None, {}
+        if self.diagnostics:  # logging.diagnostics: on the weights before the update
+            units = plan.resolved(batch).units_for_pass(0)
+            cos = half_batch_cosine(self.policy, batch, units, up, self.ref_policy)
+            extra["diag/grad_half_cosine"] = cos
+            before = [p.detach().clone() for p in trained_parameters(self.policy)]
+        m = apply_update(self.optimizing, batch, plan, up, ref_policy=self.ref_policy)
+        if before is not None:
+            extra["diag/update_over_lr"] = update_size(before, self.policy, plan.learning_rate)
         self.policy_version += 1
-        return m
+        return {**m, **extra}
 
     def sync_weights(self) -> float:
         return 0.0  # the rollout uses the learner's weights directly
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
         if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
             device = next(self.policy.parameters()).device
             self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
         return evaluate_rewards(
-            self.policy, self._eval_reward, prompts, self.settings.eval, tags, self.prompt_meta
+            self.policy,
+            self._eval_reward,
+            prompts,
+            self.settings.eval,
+            tags,
+            self.prompt_meta,
+            probe=probe,
+            base=self.probe_base if probe else None,
         )
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:

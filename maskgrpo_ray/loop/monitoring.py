@@ -19,6 +19,15 @@ from typing import Any
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.loop.executor import Executor
 from maskgrpo_ray.runlog.monitors import MonitorRules, monitor_figures, newly_tripped
+from maskgrpo_ray.runlog.probe_alarms import (
+    EVAL_KEYS,
+    PROBE_ALARMS,
+    ProbeRules,
+    Z,
+    base_figures,
+    per_prompt,
+    probe_alarm_flags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +58,13 @@ class Monitor:
     """The monitors of one run: its probe set, its rules, the alarms it has logged."""
 
     def __init__(self, cfg: Config, ex: Executor, eval_prompts: Any) -> None:
-        """``eval_prompts``: the run's held-out prompts, a list or a ``driver.EvalSet`` (its
+        """``eval_prompts``: the run's held-out prompts, a list or a ``held_out.EvalSet`` (its
         ``prompts`` and their ``tags``)."""
         m = cfg.logging.monitors
         prompts = getattr(eval_prompts, "prompts", eval_prompts)
         tags = getattr(eval_prompts, "tags", None)
         self.ex = ex
+        self.tripped: list[str] = []
         self.rules = MonitorRules(
             window_steps=m.window_steps,
             probe_window=m.probe_window,
@@ -65,20 +75,45 @@ class Monitor:
             entropy_drift_bits=m.entropy_drift_bits,
             share_drift=m.share_drift,
         )
+        self.probe_rules = ProbeRules(
+            judge_drop_se=m.judge_drop_se,
+            reward_drop_se=m.reward_drop_se,
+            diversity_share=m.diversity_share,
+            diversity_drop_se=m.diversity_drop_se,
+            drift_z=m.drift_z,
+            persist_probes=m.persist_probes,
+        )
+        self.stop_on = set(m.stop_on)
         self.every = m.probe_every_steps if m.probe_prompts else 0
         self.prompts, self.tags = probe_set(prompts, tags, m.probe_prompts)
+        self.unit, self.samples = cfg.eval.prompts_per_unit, cfg.eval.samples_per_prompt
 
     def probe(self, step: int) -> dict[str, float]:
         """At a probe step (``step % probe_every_steps == 0``, before its update: step 0 is the
-        base model): ``probe/reward`` and, where the reward defines one, ``probe/judge`` (its
-        accuracy) of the fixed probe set under the evaluation's sampler and seeds."""
+        base model): the fixed probe set under the evaluation's sampler and seeds,
+        ``probe/<fig>`` (the mean of its prompts' means; ``probe/judge`` where the reward
+        defines an accuracy, ``probe/kl`` where the backend holds the base) and, at step 0, a
+        second draw with other seeds: the base's calibration (``runlog.probe_alarms``)."""
         if not self.every or step % self.every or not self.prompts:
             return {}
         t0 = time.perf_counter()
-        out = self.ex.evaluate(list(self.prompts), None if self.tags is None else list(self.tags))
-        row = {"probe/reward": out.get("eval_reward", math.nan)}
-        if "eval_accuracy" in out:
-            row["probe/judge"] = out["eval_accuracy"]
+        prompts, n = list(self.prompts), len(self.prompts)
+        labels_a: list[str | None] = [f"a{i}" for i in range(n)]
+        labels_b: list[str | None] = [f"b{i}" for i in range(n)]
+        if step == 0 and n % self.unit == 0:  # draw B in the units after A's: other seeds
+            out = self.ex.evaluate(prompts * 2, [*labels_a, *labels_b], probe=True)
+            draw_b = {f: per_prompt(out, labels_b, key) for f, key in EVAL_KEYS.items()}
+        else:
+            out = self.ex.evaluate(prompts, list(labels_a), probe=True)
+            draw_b = {}
+            if step == 0:  # draw A's last unit is partial: draw B after a filler, on a boundary
+                fill = (prompts * self.unit)[: (-n) % self.unit]
+                labels: list[str | None] = [*labels_a, *(f"x{i}" for i in range(len(fill)))]
+                labels += labels_b
+                more = self.ex.evaluate([*prompts, *fill, *prompts], labels, probe=True)
+                draw_b = {f: per_prompt(more, labels_b, key) for f, key in EVAL_KEYS.items()}
+        draw_a = {f: per_prompt(out, labels_a, key) for f, key in EVAL_KEYS.items()}
+        row = base_figures(draw_a, draw_b, self.samples)
         row["time/monitor_probe"] = time.perf_counter() - t0
         return row
 
@@ -88,12 +123,19 @@ class Monitor:
         t0 = time.perf_counter()
         history = sorted((r for r in rows if r.get("step", -1) < row["step"]), key=_step)
         figs = monitor_figures(history, row, self.rules)
-        for name in newly_tripped(history, figs):
+        figs.update(probe_alarm_flags(history, {**row, **figs}, self.probe_rules))
+        self.tripped = newly_tripped(history, figs)
+        for name in self.tripped:
             log.warning(
                 "monitor alarm %r tripped at step %d: %s", name, row["step"], _why(name, figs)
             )
         figs["time/monitors"] = time.perf_counter() - t0
         return figs
+
+    def stops(self) -> str | None:
+        """The first alarm that tripped at the last observed step and that
+        ``logging.monitors.stop_on`` names (the run then stops as if preempted), else None."""
+        return next((a for a in self.tripped if a in self.stop_on), None)
 
 
 def _step(r: Mapping[str, Any]) -> int:
@@ -102,6 +144,9 @@ def _step(r: Mapping[str, Any]) -> int:
 
 def _why(name: str, figs: Mapping[str, float]) -> str:
     """The figures behind an alarm, for its log line (docs/monitors.md has the rules)."""
+    if name in PROBE_ALARMS:
+        z = ", ".join(f"{k.removeprefix(Z)} {v:+.2f}" for k, v in figs.items() if k.startswith(Z))
+        return f"the probe moved from the base's probe (in the base's standard errors): {z}"
     if name == "drift":
         parts = [
             f"{k.removeprefix('monitor/drift/')} {v:+.3f}"

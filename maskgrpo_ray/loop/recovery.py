@@ -161,6 +161,19 @@ class Checkpoints:
         """Wait for a background checkpoint write (none in flight: returns at once)."""
         self.writer.wait()
 
+    def whole_save_s(self) -> float:
+        """The seconds the last checkpoint took from its start to its publication: the write
+        alone (synchronous), or the snapshot plus the background write (``run.checkpoint_async``)."""
+        w = self.writer
+        if self.cfg.run.checkpoint_async:
+            return w.last_snapshot_s + w.last_write_s
+        return w.last_write_s
+
+    def remove_stale_staging(self) -> None:
+        """Staging folders a crashed write left (``.tmp-step_*``): removed at the run's start."""
+        for gone in run_store(self.cfg.run, self.run_dir).remove_staging():
+            log.warning("removed the staging folder of an unfinished checkpoint write: %s", gone)
+
     def restore(self, folder: Path) -> tuple[int, dict, dict]:
         """Executor, group source and driver counters from a checkpoint: (next step, base,
         totals). ``folder`` is a local, verified copy (``CheckpointStore.fetch_valid``)."""
@@ -211,7 +224,15 @@ class Checkpoints:
                 f"{store.location}/{newest if newest else '(none)'}; resume it with `{resume}` "
                 "once the cause is found (raise run.max_learner_restarts to retry more in-job)"
             ) from lost
-        self.flush()  # the newest checkpoint is the one being written, if any
+        try:  # the newest checkpoint is the one being written, if any
+            self.flush()
+        except RuntimeError as err:  # e.g. the lost rank took its snapshot's chunks with it
+            log.warning(
+                "%s: the checkpoint being written when the learner was lost failed (%s); it is "
+                "discarded (never published) and the run rolls back to the newest published one",
+                lost,
+                err,
+            )
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=".recover-", dir=run_dir) as scratch:
             folder = store.fetch_valid(Path(scratch))
@@ -279,11 +300,12 @@ class Preemption:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, writer: BackgroundWriter | None = None) -> None:
         self.grace_s = grace_s
         self.signal_name: str | None = None
         self.t_signal = 0.0
-        self.save_s = 0.0  # the longest checkpoint write so far
+        self.save_s = 0.0  # the longest whole checkpoint so far (snapshot + write)
+        self.writer = writer  # run.checkpoint_async's: a write in flight finishes first
         self.in_step = False
         self._previous: dict[int, Any] = {}
 
@@ -295,8 +317,13 @@ class Preemption:
         return self.grace_s - (time.monotonic() - self.t_signal)
 
     def reserve_s(self) -> float:
-        """Time kept back for the checkpoint and the exit."""
-        return self.save_s * 1.5 + min(5.0, 0.1 * self.grace_s)
+        """Time kept back for the checkpoint and the exit: the checkpoint before exit (a whole
+        one, ``save_s``: the start's checkpoint is written in the foreground so that it is known
+        from the first step) and, while a background write is in flight, that write (the save
+        waits for it; at most one more whole checkpoint), with half again as margin, plus
+        ``min(5 s, a tenth of the grace period)`` for the exit."""
+        in_flight = self.save_s if self.writer is not None and self.writer.busy else 0.0
+        return (self.save_s + in_flight) * 1.5 + min(5.0, 0.1 * self.grace_s)
 
     def install(self) -> bool:
         if threading.current_thread() is not threading.main_thread():
@@ -328,6 +355,7 @@ class Preemption:
             if self.in_step:
                 log.warning("second %s: abandoning the current step", name)
                 raise StepAbandoned(name)
+            log.warning("second %s: the checkpoint before exit goes on (nothing is lost)", name)
             return
         self.signal_name, self.t_signal = name, time.monotonic()
         log.warning(

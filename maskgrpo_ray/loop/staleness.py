@@ -12,11 +12,16 @@ drop is a bug made visible, not a silent off-policy update). Per step:
 * ``staleness/samples_dropped``: samples dropped for staleness.
 
 On-policy check: when every sample trained has lag 0, the learner's weights are the rollout's,
-so the first micro-batch's importance ratio ``exp(log pi - log pi_old)`` must be 1 up to float
-round-off. The learner reports ``first_ratio_abs_dev_max`` (``max |ratio - 1|`` over its first
-micro-batch, worst over ranks); the driver logs it as ``onpolicy/first_ratio_max_abs_dev`` at
-lag 0 only (at lag >= 1 the ratio is meant to differ from 1) and warns, naming the step, when
-it exceeds ``train.onpolicy_ratio_tolerance``.
+so the first pass's importance ratio ``exp(log pi - log pi_old)`` against the rollout's cached
+log-probs must be 1 up to float round-off. The learner reports ``first_ratio_abs_dev_max``
+(``max |ratio - 1|`` over every micro-batch of its first pass, worst over ranks) and
+``onpolicy_measured_share``, the share of the pairs it measured: all of them, or under
+trajectory shrinkage the block starts only (``t % s == 0``, scored from their own state; the
+other steps are scored from an earlier state, so their ratio says nothing about the weights).
+The driver logs them as ``onpolicy/first_ratio_max_abs_dev`` and ``onpolicy/measured_share`` at
+lag 0 only (at lag >= 1 the ratio is meant to differ from 1), the figure NaN when nothing was
+measured (never 0: a check that did not look does not pass), and warns, naming the step, when a
+measured figure exceeds ``train.onpolicy_ratio_tolerance``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ log = logging.getLogger(__name__)
 
 LEARNER_FIRST_RATIO = "first_ratio_abs_dev_max"  # the learner's metric (reduced by max)
 ONPOLICY_FIRST_RATIO = "onpolicy/first_ratio_max_abs_dev"  # the driver's row key
+LEARNER_MEASURED = "onpolicy_measured_share"  # the learner's metric (reduced by mean)
+ONPOLICY_MEASURED = "onpolicy/measured_share"  # the driver's row key
 
 
 def group_versions(rollout: Any) -> torch.Tensor:
@@ -94,16 +101,20 @@ def check_rollout(
 
 
 def onpolicy_check(row: dict[str, Any], step: int, tolerance: float) -> None:
-    """Turn the learner's first-micro-batch ratio deviation in ``row`` into the on-policy
-    figure when the samples trained were all at lag 0 (``row["staleness/lag_max"] == 0``), with
-    a WARNING naming the step when it exceeds ``tolerance``; drop it otherwise."""
+    """Turn the learner's first-pass ratio deviation in ``row`` into the on-policy figures when
+    the samples trained were all at lag 0 (``row["staleness/lag_max"] == 0``), with a WARNING
+    naming the step when it exceeds ``tolerance``; drop them otherwise. A learner that measured
+    no pair (``onpolicy_measured_share`` 0) gives the figure NaN, and no warning."""
     dev = row.pop(LEARNER_FIRST_RATIO, None)
-    if dev is None or row.get("staleness/lag_max", 1.0) != 0.0:
+    share = row.pop(LEARNER_MEASURED, None)
+    if (dev is None and share is None) or row.get("staleness/lag_max", 1.0) != 0.0:
         return
-    row[ONPOLICY_FIRST_RATIO] = float(dev)
-    if not dev <= tolerance:  # NaN warns too
+    row[ONPOLICY_FIRST_RATIO] = float("nan") if dev is None else float(dev)
+    if share is not None:
+        row[ONPOLICY_MEASURED] = float(share)
+    if dev is not None and not dev <= tolerance:  # NaN warns too
         log.warning(
-            "step %d: on-policy check failed: the first micro-batch's ratio is off 1 by %.3g "
+            "step %d: on-policy check failed: the first pass's ratio is off 1 by %.3g "
             "(tolerance train.onpolicy_ratio_tolerance=%.3g) although every sample trained was "
             "generated with the learner's weights (lag 0): the rollout's and the learner's "
             "log-probs disagree (precision, a different transition definition, or weights "

@@ -1,6 +1,7 @@
 """MAGVIT-v2 image tokenizer (Show-o's ``showlab/magvitv2``): LFQ codes <-> pixels.
 
-A clean-room implementation from ``reference/showo_architecture.md`` section 5. The module names
+A clean-room implementation of showlab/Show-o's ``models/modeling_magvitv2.py`` and
+``models/common_modules.py``. The module names
 match the reference state dict (``encoder.down.1.block.0.nin_shortcut.weight``,
 ``decoder.up.3.block.0.conv1.weight``, ``quantize.embedding``, ...), so a checkpoint loads with
 ``strict=True``.

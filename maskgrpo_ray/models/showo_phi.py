@@ -1,6 +1,7 @@
 """Show-o's transformer: Phi-1.5 with per-head q/k LayerNorm, built at its final vocabulary size.
 
-A clean-room implementation from ``reference/showo_architecture.md`` section 1; module names
+A clean-room implementation of showlab/Show-o's ``models/phi.py`` and ``models/modeling_showo.py``
+(``Showo``); module names
 follow the reference state dict (``showo.model.layers.{i}.self_attn.q_layernorm.weight``, ...),
 so a Show-o checkpoint loads with ``strict=True``. What differs from stock Phi-1.5:
 

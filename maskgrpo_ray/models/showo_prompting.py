@@ -1,6 +1,7 @@
 """Show-o's universal prompting for text-to-image: vocabulary, text prefix, omni-attention mask.
 
-From ``reference/showo_architecture.md`` sections 1.2, 2 and 3. The t2i sequence is
+After showlab/Show-o's ``training/prompting_utils.py`` (``UniversalPrompting``,
+``create_attention_mask_predict_next``). The t2i sequence is
 
     [PAD]*k  <|t2i|>  BOS  text  EOS  |  <|soi|>  L image tokens  <|eoi|>
     `------------ P = max_text_len + 1 -----------'   `--------- L + 2 ---------'

@@ -14,14 +14,12 @@ import copy
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
 from maskgrpo_ray.algo.grpo import (
     PER_GROUP_SELECTIONS,
-    critical_steps,
     select_group_steps,
     select_train_steps,
 )
@@ -35,6 +33,7 @@ from maskgrpo_ray.pipeline.learner_loss import (
 )
 from maskgrpo_ray.pipeline.messages import TrainBatch
 from maskgrpo_ray.pipeline.settings import UpdateSettings
+from maskgrpo_ray.pipeline.update_plan import UpdatePlan
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,12 @@ def reference_policy(s: UpdateSettings, policy: MaskedImagePolicy) -> MaskedImag
     policy's reference is itself with the adapter disabled (no second copy of the weights)."""
     if s.kl_coef <= 0 and s.anchor_coef <= 0:
         return None
+    return frozen_base(policy)
+
+
+def frozen_base(policy: MaskedImagePolicy) -> MaskedImagePolicy:
+    """The base of ``policy`` as it is now, frozen: a LoRA policy with its adapter disabled (no
+    second copy of the weights), else a deep copy in eval mode without gradients."""
     from maskgrpo_ray.models.lora import AdapterDisabled, has_adapter
 
     if has_adapter(policy):
@@ -105,59 +110,6 @@ class LearnerLost(RuntimeError):
     def __init__(self, rank: int, why: str, during: str, cause: BaseException | None = None):
         super().__init__(f"learner rank {rank} {why} during {during}: {cause}")
         self.rank, self.why, self.during = rank, why, during
-
-
-@dataclass(frozen=True)
-class UpdatePlan:
-    """What one update trains: the same on every rank (a rank gets its rows of
-    ``sample_units``, :meth:`rows`)."""
-
-    train_steps: torch.Tensor  # [K] long, units trained: unmasking steps, or mask draws
-    learning_rate: float
-    cycle: bool = False  # inner update i trains unit train_steps[i mod K] only
-    # [N, K] long: per-sample units (group_random: a group's rows alike); None: train_steps
-    sample_units: torch.Tensor | None = None
-    # k > 0: each sample's k critical steps, read from the batch's record on the rank that
-    # trains it (:meth:`resolved`)
-    critical: int = 0
-
-    @property
-    def units_per_pass(self) -> int:
-        """Units each optimizer update (pass over the batch) trains, per sample."""
-        if self.critical:
-            return self.critical
-        if self.sample_units is not None:
-            return int(self.sample_units.shape[1])
-        return 1 if self.cycle else len(self.train_steps)
-
-    def units_for_pass(self, i: int) -> torch.Tensor:
-        """The units inner update ``i`` trains: all of them, or one in turn (``cycle``);
-        ``[N, K]`` when they differ by sample."""
-        if self.sample_units is not None:
-            return self.sample_units
-        if not self.cycle:
-            return self.train_steps
-        k = i % len(self.train_steps)
-        return self.train_steps[k : k + 1]
-
-    def resolved(self, batch: TrainBatch) -> UpdatePlan:
-        """The plan with its per-sample critical steps read from ``batch`` (this rank's
-        samples' ``step_agreement``; ``algo.grpo.critical_steps``); other plans as they are."""
-        if not self.critical:
-            return self
-        if batch.step_agreement is None:
-            raise ValueError(
-                "unmasking_step_selection critical needs the rollout's step_agreement; the "
-                "rollout did not record it (RolloutSettings.step_agreement)"
-            )
-        units = critical_steps(batch.step_agreement, self.critical)  # [N, K]
-        return replace(self, sample_units=units, critical=0)
-
-    def rows(self, start: int, stop: int) -> UpdatePlan:
-        """The plan of samples ``start .. stop - 1`` (a learner rank's share of the batch)."""
-        if self.sample_units is None:
-            return self
-        return replace(self, sample_units=self.sample_units[start:stop])
 
 
 class UpdatePlanner:
@@ -254,6 +206,9 @@ class Optimizing(Protocol):
     """What differs between the single process and a DeepSpeed rank."""
 
     module: MaskedImagePolicy
+    # the module's forward is a collective (ZeRO-3 gathers the parameters in it): every rank
+    # must call it as often
+    collective_forward: bool
 
     def set_learning_rate(self, lr: float) -> None: ...
 
@@ -271,6 +226,8 @@ class Optimizing(Protocol):
 
 class TorchOptimizing:
     """The single-process backend: ``loss.backward()`` and a torch optimizer."""
+
+    collective_forward = False
 
     def __init__(
         self, module: MaskedImagePolicy, optimizer: torch.optim.Optimizer, grad_clip_norm: float
@@ -333,12 +290,15 @@ def apply_update(
 
     Returns:
         The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
-        ``abs_log_ratio_*`` spread and ``first_ratio_abs_dev_max`` (the behaviour policy against
-        the learner before this batch's updates) and ``learning_rate``.
+        ``abs_log_ratio_*`` spread and ``first_ratio_abs_dev_max`` over all its micro-batches
+        (the rollout's cached log-probs against the learner before this batch's updates; under
+        trajectory shrinkage at the block starts only, ``onpolicy_measured_share`` of the
+        pairs, absent when none was measured) and ``learning_rate``.
     """
     opt.set_learning_rate(plan.learning_rate)
     opt.module.train()
     plan = plan.resolved(batch)
+    rollout_logp = batch.old_logp  # the on-policy check's reference, whatever is recomputed
     if s.shrinkage > 1 and batch.estimator == "trajectory":
         batch = shrunk_old_log_probs(
             opt.module,
@@ -347,13 +307,16 @@ def apply_update(
             micro_batch=s.micro_batch_pairs,
             shrinkage=s.shrinkage,
             autocast=s.autocast,
+            # every set's micro-batches number at most num_backward on any rank
+            num_forward=num_backward if opt.collective_forward else 0,
         )
     metrics: dict[str, Any] = {}
     first: dict[str, float] = {}
     for i in range(s.updates_per_batch):
         metrics = _optimizer_step(
-            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward
-        )
+            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward,
+            rollout_logp,
+        )  # fmt: skip
         if i == 0:
             first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
     opt.module.eval()
@@ -361,7 +324,7 @@ def apply_update(
 
 
 # the metrics apply_update reports from its first pass: against the rollout's log-probs
-FIRST_PASS = ("abs_log_ratio", "first_ratio_abs_dev_max")
+FIRST_PASS = ("abs_log_ratio", "first_ratio_abs_dev_max", "onpolicy_measured_share")
 
 
 def _distinct(unit_sets: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -380,10 +343,11 @@ def anchor_of(s: UpdateSettings) -> Anchor | None:
     return Anchor(torch.arange(s.anchor_steps), s.anchor_coef, s.guards.kl_clamp)
 
 
-def backward_calls(s: UpdateSettings, num_samples: int, units_per_pass: int) -> int:
+def backward_calls(s: UpdateSettings, num_samples: int, rows_per_sample: int) -> int:
     """Micro-batches (backward calls) one pass over ``num_samples`` samples takes: the trained
-    pairs', then the anchored ones'."""
-    calls = math.ceil(num_samples * units_per_pass / s.micro_batch_pairs)
+    pairs' (``rows_per_sample`` model input rows each, :meth:`UpdatePlan.rows_per_sample`;
+    ``micro_batch_pairs`` rows a micro-batch), then the anchored ones'."""
+    calls = math.ceil(num_samples * rows_per_sample / s.micro_batch_pairs)
     if s.anchor_steps > 0:
         calls += math.ceil(num_samples * s.anchor_steps / s.micro_batch_pairs)
     return calls
@@ -397,9 +361,11 @@ def _optimizer_step(
     ref_policy: MaskedImagePolicy | None,
     normalizer: float | None,
     num_backward: int,
+    rollout_logp: torch.Tensor,
 ) -> dict[str, Any]:
     """One pass over ``batch`` training ``units`` (long ``[K]``), padded to ``num_backward``
-    backward calls, and the optimizer step; the pass's metrics with ``grad_norm``."""
+    backward calls, and the optimizer step; the pass's metrics with ``grad_norm`` (the
+    on-policy figures against ``rollout_logp``, the rollout's cached log-probs)."""
     calls = [0]
 
     def backward(loss: torch.Tensor) -> None:
@@ -422,6 +388,7 @@ def _optimizer_step(
         autocast=s.autocast,
         anchor=anchor_of(s),
         shrinkage=s.shrinkage,
+        rollout_logp=rollout_logp,
     )
 
     def replay() -> torch.Tensor | None:

@@ -11,6 +11,7 @@ single-process trainer and on every DeepSpeed rank alike.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +21,8 @@ from maskgrpo_ray.algo.estimators import PairQuery, forward_query, trajectory_qu
 from maskgrpo_ray.algo.grpo import LossGuards, grpo_loss
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.pipeline.messages import TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 def pair_query(
@@ -119,6 +122,22 @@ def abs_log_ratio_stats(abs_lr: torch.Tensor, steps: torch.Tensor) -> dict[str, 
     }
 
 
+def onpolicy_figures(
+    logp: torch.Tensor, cached: torch.Tensor, steps: torch.Tensor, measured: torch.Tensor
+) -> dict[str, float]:
+    """The learner's log-probs ``logp`` against the rollout's ``cached`` ones over the pairs
+    ``measured`` (all float ``[M]``, steps long ``[M]``, measured bool ``[M]``): the spread
+    of ``|log-ratio|`` (:func:`abs_log_ratio_stats`), ``first_ratio_abs_dev_max``
+    (``max |exp(log-ratio) - 1|``) and ``onpolicy_measured_share`` (the share of the pairs
+    measured). Nothing measured: only the share (0), the figures absent, never 0."""
+    out = {"onpolicy_measured_share": float(measured.float().mean()) if len(measured) else 0.0}
+    if not bool(measured.any()):
+        return out
+    lr = (logp[measured] - cached[measured]).double()
+    out["first_ratio_abs_dev_max"] = float((lr.exp() - 1.0).abs().max())
+    return out | abs_log_ratio_stats(lr.abs().float(), steps[measured])
+
+
 def train_pairs(batch: TrainBatch, train_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """All (sample, unit) pairs trained this update: long ``[M]`` each, sample-major.
     ``train_steps``: long ``[K]`` (every sample trains the same units) or ``[N, K]`` (per
@@ -132,6 +151,34 @@ def train_pairs(batch: TrainBatch, train_steps: torch.Tensor) -> tuple[torch.Ten
     samples = torch.arange(n).repeat_interleave(len(train_steps))
     steps = train_steps.repeat(n)
     return samples, steps
+
+
+def micro_batches(
+    samples: torch.Tensor, units: torch.Tensor, micro_batch: int, shrinkage: int = 1
+) -> list[slice]:
+    """The pair ranges of an update's micro-batches: at most ``micro_batch`` model input rows
+    each. A row is a pair, or under trajectory ``shrinkage`` s > 1 the pairs of one sample and
+    block (``t // s``) that follow each other (sample-major, sorted units: all of them), never
+    cut between two micro-batches, so a forward holds ``micro_batch`` rows at any ``s`` (up to
+    ``s`` times as many pairs). ``samples``, ``units``: long ``[M]``, in training order."""
+    m = len(samples)
+    if shrinkage <= 1 or m == 0:
+        return [slice(a, min(a + micro_batch, m)) for a in range(0, m, micro_batch)]
+    key = samples * (int(units.max()) + 1) + torch.div(units, shrinkage, rounding_mode="floor")
+    new_row = torch.ones(m, dtype=torch.bool)
+    new_row[1:] = key[1:] != key[:-1]
+    chunk = torch.div(new_row.cumsum(0) - 1, micro_batch, rounding_mode="floor")  # [M]
+    counts = torch.unique_consecutive(chunk, return_counts=True)[1].tolist()
+    ends = torch.tensor(counts).cumsum(0).tolist()
+    return [slice(e - c, e) for c, e in zip(counts, ends, strict=True)]
+
+
+def input_rows(units: torch.Tensor, shrinkage: int) -> int:
+    """Model input rows per sample that training ``units`` (long ``[K]``, sorted) takes: the
+    distinct blocks ``t // s`` (``K`` at ``s = 1``)."""
+    if shrinkage <= 1:
+        return int(units.numel())
+    return int(torch.unique(torch.div(units, shrinkage, rounding_mode="floor")).numel())
 
 
 def accumulate_gradients(
@@ -150,8 +197,10 @@ def accumulate_gradients(
     autocast: str = "off",
     anchor: Anchor | None = None,
     shrinkage: int = 1,
+    rollout_logp: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches.
+    """Backpropagate the clipped GRPO loss over all trained pairs in micro-batches
+    (:func:`micro_batches`: ``micro_batch`` model input rows each).
 
     ``autocast="bf16"`` runs the policy's (and the reference's) forward under
     ``torch.autocast`` in bfloat16 (weights, gradients and the loss stay float32; the
@@ -161,11 +210,14 @@ def accumulate_gradients(
     (``normalizer``; default this batch's), so the accumulated gradient is that of the mean.
     ``backward`` defaults to ``loss.backward()`` (a DeepSpeed engine passes its own).
     ``anchor``: units trained towards the reference only (:class:`Anchor`), after the trained
-    pairs. Besides the loss terms' shares, the metrics hold the spread of ``|log-ratio|`` over
-    this call's pairs (:func:`abs_log_ratio_stats`; this rank's pairs on a learner rank), the
-    first micro-batch's ``first_ratio_abs_dev_max`` (``max |ratio - 1|``: 0 up to round-off
-    when the learner holds the rollout's weights) and ``forward_passes_per_sample`` (model
-    input rows per sample: the trained units, fewer under ``shrinkage``).
+    pairs. Besides the loss terms' shares, the metrics hold ``forward_passes_per_sample`` (model
+    input rows per sample: the trained units, fewer under ``shrinkage``) and the on-policy
+    figures of this call's pairs against the rollout's cached log-probs (``rollout_logp``
+    ``[N, U]``, default the batch's; :func:`onpolicy_figures`): the spread of ``|log-ratio|``
+    and ``first_ratio_abs_dev_max`` (``max |ratio - 1|`` over every micro-batch: 0 up to
+    round-off when the learner holds the rollout's weights). Under ``shrinkage`` s > 1 only the
+    block-start pairs (``t % s == 0``, scored from their own state: exact at any ``s``) are
+    measured; none measured: the figures are absent (never 0).
     """
     guards = guards or LossGuards()
     samples, steps = train_pairs(batch, train_steps)
@@ -174,25 +226,25 @@ def accumulate_gradients(
         ("loss", "ratio_mean", "clip_frac", "dual_clip_frac", "kl", "forward_passes_per_sample"),
         0.0,
     )
-    abs_lr: list[torch.Tensor] = []
+    logps: list[torch.Tensor] = []
     with_ref = ref_policy if kl_coef > 0 else None
     step = backward or (lambda x: x.backward())
-    for start in range(0, len(samples), micro_batch):
-        s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
-        loss, m, lr = _micro_batch_loss(
+    for chunk in micro_batches(samples, steps, micro_batch, shrinkage):
+        s, t = samples[chunk], steps[chunk]
+        loss, m, logp = _micro_batch_loss(
             policy, with_ref, batch, s, t, guards, bf16=autocast == "bf16",
             clip=(clip_low, clip_high), kl_coef=kl_coef, normalizer=total, shrinkage=shrinkage,
         )  # fmt: skip
         step(loss)
-        if not abs_lr:  # the first micro-batch: the ratio against the rollout's log-probs
-            sums["first_ratio_abs_dev_max"] = float((lr.double().exp() - 1.0).abs().max())
-        abs_lr.append(lr.abs())
+        logps.append(logp)
         sums["loss"] += float(loss.detach())
         for k in ("ratio_mean", "clip_frac", "dual_clip_frac", "kl"):
             sums[k] += m[k] * len(s) / total
         sums["forward_passes_per_sample"] += m["forward_rows"] / max(batch.num_samples, 1)
-    if abs_lr:
-        sums.update(abs_log_ratio_stats(torch.cat(abs_lr), steps))
+    if logps:
+        cached = batch.old_logp if rollout_logp is None else rollout_logp
+        check = steps % shrinkage == 0 if batch.estimator == "trajectory" else steps >= 0
+        sums.update(onpolicy_figures(torch.cat(logps), cached[samples, steps], steps, check))
     if anchor is not None and ref_policy is not None and len(anchor.units):
         per_sample = train_steps.shape[-1]  # units per sample: [K] or [N, K]
         sums["anchor_kl"] = _anchor_gradients(
@@ -210,11 +262,15 @@ def shrunk_old_log_probs(
     micro_batch: int,
     shrinkage: int,
     autocast: str = "off",
+    num_forward: int = 0,
 ) -> TrainBatch:
     """The batch with the old log-probs of its trained pairs recomputed under trajectory
     shrinkage (TraceRL's way): each set of ``unit_sets`` (an update pass's units, ``[K]`` or
     ``[N, K]``) is scored without gradient in the micro-batches its pass will use, so the first
-    pass's ratio is exactly 1 (the same computation on the same inputs). The rollout's
+    pass's ratio is exactly 1 (the same computation on the same inputs). ``num_forward``: the
+    forwards each set takes on every rank; this process pads with no-grad forwards up to it
+    (ZeRO-3 gathers the parameters inside every forward, a collective: a rank that ran fewer
+    would leave the others waiting; 0: no padding). The rollout's
     log-probs are of the exact states ``Y_t``; a shrunk pair is scored from its block's first
     state, so keeping them would make the first ratio ``p(.|Y_t0) / p(.|Y_t)``, a bias, not a
     policy change, that the clip would cut off."""
@@ -223,11 +279,14 @@ def shrunk_old_log_probs(
     with torch.no_grad():
         for units in unit_sets:
             samples, steps = train_pairs(batch, units)
-            for start in range(0, len(samples), micro_batch):
-                s, t = samples[start : start + micro_batch], steps[start : start + micro_batch]
+            chunks = micro_batches(samples, steps, micro_batch, shrinkage)
+            for chunk in chunks:
+                s, t = samples[chunk], steps[chunk]
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
                     logp = pair_log_probs(policy, batch, s, t, shrinkage)
                 old[s, t] = logp.float().cpu()
+            for _ in range(num_forward - len(chunks)):  # keep collective forwards in step
+                pad_forward(policy, batch, units, micro_batch, autocast, shrinkage)
     return replace(batch, old_logp=old)
 
 
@@ -296,14 +355,43 @@ def pad_loss(
     an empty batch. Its backward gives every parameter an exactly-zero gradient, produced by the
     same autograd graph, so in the same order, as a real micro-batch's (the order in which
     DeepSpeed ZeRO-2/3 fill their gradient-reduction buckets)."""
+    logp = _first_micro_batch(policy, batch, train_steps, micro_batch, autocast, shrinkage)
+    return None if logp is None else logp.float().sum() * 0.0
+
+
+def pad_forward(
+    policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    train_steps: torch.Tensor,
+    micro_batch: int,
+    autocast: str = "off",
+    shrinkage: int = 1,
+) -> None:
+    """A no-grad forward of the batch's first micro-batch, its result dropped: what a rank
+    with fewer recompute micro-batches runs so that every rank calls the model as often (an
+    empty batch: nothing, with a WARNING, since nothing can be replayed)."""
+    with torch.no_grad():
+        if _first_micro_batch(policy, batch, train_steps, micro_batch, autocast, shrinkage) is None:
+            log.warning("an empty shard cannot pad a collective forward: the ranks may hang")
+
+
+def _first_micro_batch(
+    policy: MaskedImagePolicy,
+    batch: TrainBatch,
+    train_steps: torch.Tensor,
+    micro_batch: int,
+    autocast: str,
+    shrinkage: int,
+) -> torch.Tensor | None:
+    """The policy's log-probs of the batch's first micro-batch (as :func:`micro_batches` forms
+    it); None for an empty batch."""
     samples, steps = train_pairs(batch, train_steps)
     if len(samples) == 0:
         return None
-    s, t = samples[:micro_batch], steps[:micro_batch]
+    first = micro_batches(samples, steps, micro_batch, shrinkage)[0]
     device = next(policy.parameters()).device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-        logp = pair_log_probs(policy, batch, s, t, shrinkage)
-    return logp.float().sum() * 0.0
+        return pair_log_probs(policy, batch, samples[first], steps[first], shrinkage)
 
 
 def _micro_batch_loss(
@@ -322,8 +410,8 @@ def _micro_batch_loss(
     shrinkage: int = 1,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """The clipped loss of the (sample, unit) pairs ``samples``, ``units`` (long ``[M]``), its
-    metrics (with ``forward_rows``, the model's input rows) and ``log pi - log pi_old`` float
-    ``[M]`` on the CPU. The policy (with grad) and the reference (without; None: no KL term)
+    metrics (with ``forward_rows``, the model's input rows) and ``log pi`` float ``[M]`` on the
+    CPU (detached). The policy (with grad) and the reference (without; None: no KL term)
     score the same states (and masks), under bf16 autocast when ``bf16``; their log-probs are
     float32 before the ratio."""
     device = next(policy.parameters()).device
@@ -356,4 +444,4 @@ def _micro_batch_loss(
         kl_num_tokens=query.num_tokens.to(dev) if per_token else None,
     )
     metrics["forward_rows"] = float(query.state.shape[0])
-    return loss, metrics, (logp.detach() - old).float().cpu()
+    return loss, metrics, logp.detach().float().cpu()

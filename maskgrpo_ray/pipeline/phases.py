@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from maskgrpo_ray.algo.advantages import diversity_advantages
+from maskgrpo_ray.algo.advantages import clip_advantages, diversity_advantages
 from maskgrpo_ray.algo.diversity import reward_diversity
 from maskgrpo_ray.algo.estimators import (
     ForwardSettings,
@@ -21,7 +21,12 @@ from maskgrpo_ray.algo.estimators import (
     mask_counts,
 )
 from maskgrpo_ray.algo.filtering import StdHistoryFilter
-from maskgrpo_ray.algo.grpo import group_advantages, group_std, prediction_agreement
+from maskgrpo_ray.algo.grpo import (
+    group_advantages,
+    group_agreement,
+    group_std,
+    prediction_agreement,
+)
 from maskgrpo_ray.algo.sampling import Trajectory, rollout
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.base import MaskedImagePolicy
@@ -36,7 +41,7 @@ from maskgrpo_ray.pipeline.messages import (  # FilterResult: the message, impor
 )
 from maskgrpo_ray.pipeline.settings import AdvantageSettings
 from maskgrpo_ray.rewards.base import check_reward_inputs
-from maskgrpo_ray.runlog.monitors import image_statistics
+from maskgrpo_ray.runlog.monitors import MALFORMED, image_statistics
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,9 @@ def generate(
 
     ``forward`` None: the trajectory estimator (record the unmasking steps, ``old_logp [N, S]``
     of the ``transition``). Otherwise the forward estimator (:func:`_forward_units`).
-    ``step_agreement``: also record each step's prediction's agreement with the final sample
-    (``algo.grpo.step_agreement``; the ``critical`` step selection reads it).
+    ``step_agreement``: also record each step's prediction's agreement with the final sample,
+    averaged over the sample's group (``algo.grpo.group_agreement``; the ``critical`` step
+    selection reads it).
     """
     cond = policy.tokenize(prompts).repeat_interleave(group_size, dim=0)  # [N, P]
     traj = rollout(
@@ -104,7 +110,7 @@ def generate(
     if step_agreement and forward is None:
         assert traj.predictions is not None
         agree = prediction_agreement(traj.predictions, traj.final_tokens, traj.unmask_step)
-        batch = replace(batch, step_agreement=agree.cpu())
+        batch = replace(batch, step_agreement=group_agreement(agree, group_size).cpu())
     if forward is not None:
         batch = _forward_units(policy, batch, cond, traj, forward, generator)
     return batch.validate()
@@ -141,7 +147,11 @@ def _forward_units(
     if forward.ratio_rule == "step_focus":
         assert traj.predictions is not None and traj.masked_before is not None
         focus_counts = focus_step_counts(
-            traj.predictions, traj.final_tokens, traj.masked_before, forward.num_draws
+            traj.predictions,
+            traj.final_tokens,
+            traj.unmask_step,
+            forward.num_draws,
+            batch.group_size,
         ).cpu()
     counts = mask_counts(seeds, forward, policy.num_image_tokens, focus_counts)  # [N, K]
     old = []
@@ -201,7 +211,9 @@ def score_rewards(
     The per-sample diversity figures come along (:func:`maskgrpo_ray.algo.diversity.reward_diversity`:
     in the embedding the composite names, with its layouts, and ``train.diversity``'s own), and
     so do the images' statistics (:func:`maskgrpo_ray.runlog.monitors.image_statistics`, ``image/*``),
-    computed here because the images are here (on Ray: the reward actor).
+    computed here because the images are here (on Ray: the reward actor), and where a component
+    detects objects (``malformed_share``: the shapes judge) its share of malformed objects per
+    image (``image/malformed``, NaN where it finds none).
     """
     prompts = [p for p in batch.prompts for _ in range(batch.group_size)]
     metas = [(prompt_meta or {}).get(p) for p in prompts]
@@ -225,6 +237,9 @@ def score_rewards(
         parts = {}  # a plain reward has no parts besides its total
     diversity = reward_diversity(reward, batch.images, batch.group_size)
     diversity.update(image_statistics(batch.images))
+    detector = next((f for f in components.values() if hasattr(f, "malformed_share")), None)
+    if detector is not None:  # a detector's share of malformed objects (the shapes judge)
+        diversity[MALFORMED] = detector.malformed_share(batch.images).float().cpu()
     return RewardResult(total, parts, acc, failures, diversity)
 
 
@@ -335,7 +350,7 @@ def make_train_batch(
     if isinstance(advantage, float):
         adv = group_advantages(kept.rewards, rb.group_size, advantage)
     else:
-        adv = batch_advantages(kept, advantage)
+        adv = clip_advantages(batch_advantages(kept, advantage), advantage.clip)
     if isinstance(rb, RolloutRefs):
         return TrainRefs(rb, adv)
     assert isinstance(rb, RolloutBatch)  # in-process: the rollout itself

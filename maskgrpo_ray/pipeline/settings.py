@@ -19,6 +19,7 @@ from maskgrpo_ray.algo.grpo import LossGuards
 from maskgrpo_ray.config import Config, ModelConfig, RewardComponent, RewardConfig, RolloutConfig
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.models.registry import load_plugins, reward_defaults
+from maskgrpo_ray.pipeline.geneval_judge import judge_spec
 from maskgrpo_ray.rewards.base import EnsembleSpec, RewardSpec, reward_embeds
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class UpdateSettings:
 class AdvantageSettings:
     """How the driver turns a step's kept groups into advantages (``phases.make_train_batch``)."""
 
-    kind: str  # "grpo" | "centred" | "gdpo"
+    kind: str  # "grpo" | "centred" | "gdpo" | "batch_std"
     diversity: str  # "none" | "gardo" | "bonus"
     # the per-sample figure diversity uses: "diversity/nn" | "diversity/pairwise", or
     # "diversity_train/..." where train.diversity.embedding is not the reported figures' space
@@ -103,6 +104,7 @@ class AdvantageSettings:
     recentre: bool  # gardo: the scaled advantages centred per group again
     eps: float
     component_weights: dict[str, float]  # reward part name -> weight (GDPO)
+    clip: float = 0.0  # train.advantage_clip: |A| at most this; 0: no clip
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,8 @@ class RewardSettings:
     # train.diversity's own component, set only where it is not the figures' (diversity_train/*)
     train_embedding: str | None = None
     ensemble: EnsembleSpec | None = None  # reward.ensemble
-    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (None:
-    # not asked for, or a geneval component of the reward already gives it)
+    # eval.geneval: the GenEval scorer whose 0/1 correctness is the evaluation's accuracy (its
+    # defaults with a geneval reward: a held-out judge, pipeline.geneval_judge; None: not asked)
     judge: RewardSpec | None = None
 
 
@@ -298,9 +300,7 @@ def _reward_settings(cfg: Config) -> RewardSettings:
     ensemble = None
     if e is not None:
         ensemble = EnsembleSpec(tuple(e.members), e.rule, e.std_coef, e.weight)
-    judge = None
-    if cfg.eval.geneval is not None and not any(s.kind == "geneval" for s in specs):
-        judge = RewardSpec("geneval", 0.0, cfg.eval.geneval.reward_args(), name="geneval_judge")
+    judge = judge_spec(cfg, specs)  # a geneval reward is judged by eval.geneval's scorer
     return RewardSettings(
         specs, cfg.reward.diversity_embedding, _train_embedding(cfg), ensemble=ensemble, judge=judge
     )
@@ -382,6 +382,7 @@ def advantage_settings(cfg: Config) -> AdvantageSettings:
         recentre=t.diversity.recentre,
         eps=t.advantage_eps,
         component_weights={component_name(c): c.weight for c in cfg.reward.components},
+        clip=t.advantage_clip,
     )
 
 

@@ -20,7 +20,7 @@ def checkpoint_bytes(params: int, trained_params: int, *, bf16: bool) -> int:
 
 @dataclass(frozen=True)
 class CheckpointRates:
-    """What a checkpoint's path costs (``backend.executor.RayExecutor.save``, ``storage``):
+    """What a checkpoint's path costs (``backend.ray_executor.RayExecutor.save``, ``storage``):
     every rank writes its DeepSpeed files on its node, the files reach the driver through the
     object store, the driver writes them to a staging folder hashing them (sha256) as they
     come, builds the manifest (a second sha256 pass) and publishes them. The byte rates are

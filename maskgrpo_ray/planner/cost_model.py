@@ -82,7 +82,10 @@ class FlopModel:
 
 
 # Show-o v1 (Phi-1.5 body, 24 layers of 2048): parameter counts summed from the full-size
-# checkpoint's key list (../shared/fixtures/showo_reference/showo_512_state_keys.json).
+# checkpoint's key list, the official `Showo` class (showlab/Show-o, models/modeling_showo.py
+# and models/phi.py) instantiated at the showlab/show-o-512x512 size: 437 tensors,
+# 1,448,176,770 numbers, of which 1,208,510,464 in the 24 layers and the final LayerNorm
+# (tests/test_cost_model.py sums them from the repository's copy of that list).
 SHOWO_FLOPS = FlopModel(
     body_params=1_208_510_464, head_params=8192 * 2049, text_len=129, hidden=2048, layers=24
 )
@@ -115,10 +118,21 @@ class CostProfile:
     estimator: str = "trajectory"  # "trajectory" (units: steps) | "forward" (mask draws)
     mask_draws: int = 4  # K, forward estimator
     updates_per_batch: int = 1
+    # of learner_seconds_per_pair, the per-pair scoring (Eq. 14's sums, the Gumbel marginal's
+    # quadrature) that trajectory shrinkage does not share between the steps of a block; the
+    # rest (the model's forward and backward, the log_softmax) is paid once per input row
+    learner_scoring_share: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.learner_scoring_share < 1.0:
+            raise ValueError(
+                f"cost profile {self.name!r}: learner_scoring_share={self.learner_scoring_share}"
+                " must be in [0, 1) (a share of learner_seconds_per_pair); fix the profile"
+            )
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "learner_scoring_share":
+                continue
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
                 raise ValueError(
                     f"cost profile {self.name!r}: {f.name}={v} must be > 0 (a cost, a size or "
@@ -135,10 +149,11 @@ class CostProfile:
 
 
 # Measured on one H100 80GB HBM3 (bench/bench_gpu.py, 2026-11-27, bf16, random weights;
-# docs/gpu.md): per (image side, likelihood), rollout seconds per image-step (N = 24 images a
-# call at 512 px, 48 at 256) and learner seconds per pair (micro-batch 8 at 512 px, the
-# config's; 16 at 256). "marginal": the shipped configs' p1 with the Gumbel noise integrated
-# out; "eq14": Eq. 14 as printed, also what a forward-estimator pair costs.
+# docs/gpu.md, "Measured on an H100", the only record: the raw results file was lost): per
+# (image side, likelihood), rollout seconds per image-step (N = 24 images a call at 512 px, 48
+# at 256) and learner seconds per pair (micro-batch 8 at 512 px, the config's; 16 at 256).
+# "marginal": the shipped configs' p1 with the Gumbel noise integrated out; "eq14": Eq. 14 as
+# printed, also what a forward-estimator pair costs.
 H100_MEASURED: dict[tuple[int, str], tuple[float, float]] = {
     (512, "marginal"): (20.27 / (24 * 50), 3.017 / 48),
     (512, "eq14"): (12.47 / (24 * 50), 1.643 / 48),
@@ -146,6 +161,16 @@ H100_MEASURED: dict[tuple[int, str], tuple[float, float]] = {
     (256, "eq14"): (2.359 / (48 * 18), 0.5197 / 48),
 }
 H100_PEAK = 989e12  # the dense bf16 rate the measured seconds are read against
+
+
+def measured_scoring_share(image_px: int) -> float:
+    """The share of a measured marginal-likelihood pair (the shipped configs' p1, learner
+    side) that is per-pair scoring, at the nearest measured side: what the Gumbel marginal's
+    quadrature costs over Eq. 14 at the same micro-batch, ``1 - eq14 / marginal`` (0.455 at
+    512 px: 28.6 of 62.9 ms; 0.493 at 256 px). A lower bound: Eq. 14's own per-pair sums stay
+    in the rest (memory-bound passes over the remasked positions, small beside the forward)."""
+    px = min((p for p, _ in H100_MEASURED), key=lambda p: abs(p - image_px))
+    return 1.0 - H100_MEASURED[(px, "eq14")][1] / H100_MEASURED[(px, "marginal")][1]
 
 
 def measured_mfu(image_px: int, likelihood: str) -> tuple[float, float]:
@@ -196,7 +221,9 @@ def showo_profile(
             f"maskgrpo_ray.planner.cost_model): {image_pass:.3g} FLOP per "
             f"image pass at L={tokens} incl. attention; MFUs {how}: rollout "
             f"{rollout_mfu:.1%} (CFG 0, one pass per image-step, the marginal likelihood), "
-            f"learner {learner_mfu:.1%} (3 passes per pair, {pair_likelihood}), "
+            f"learner {learner_mfu:.1%} (3 passes per pair, {pair_likelihood}; "
+            f"{measured_scoring_share(image_px) if estimator == 'trajectory' else 0.0:.1%} of "
+            "a pair per-pair scoring, the marginal over Eq. 14 as measured), "
             f"{device} bf16 peak {peak / 1e12:.0f} TFLOP/s; reward CLIP ViT-H-14 at 30% MFU; "
             "weights: 1.448B params in bf16; sync 25 GB/s (NCCL broadcast, one node)"
         ),
@@ -211,6 +238,9 @@ def showo_profile(
         unmasking_steps=unmasking_steps,
         estimator=estimator,
         updates_per_batch=updates_per_batch,
+        learner_scoring_share=measured_scoring_share(image_px)
+        if estimator == "trajectory"
+        else 0.0,
     )
 
 
@@ -295,12 +325,21 @@ class Workload:
 
     @property
     def pairs_per_sample(self) -> float:
-        """Learner work per sample in (sample, unit) pairs' forward-backward passes: the passes
-        times the inner updates; under shrinkage, plus the no-grad recomputation of the old
-        log-probs (``RECOMPUTE_SHARE`` of a pair per block)."""
-        passes = self.forward_passes_per_sample
-        recompute = passes * RECOMPUTE_SHARE if self.shrinkage > 1 else 0.0
-        return passes * self.updates_per_batch + recompute
+        """:meth:`learner_pairs` of a profile whose whole pair cost is paid per input row
+        (``learner_scoring_share`` 0)."""
+        return self.learner_pairs(0.0)
+
+    def learner_pairs(self, scoring_share: float) -> float:
+        """Learner work per sample in (sample, unit) pairs' forward-backward passes, when a
+        pair costs ``1 - f`` per model input row (the forward and backward, the log_softmax)
+        and ``f`` per pair (the scoring, ``f = scoring_share``): per pass over the batch
+        ``rows (1 - f) + units f``, rows the :attr:`forward_passes_per_sample`, times the inner
+        updates; under shrinkage, plus the no-grad recomputation of the old log-probs
+        (``RECOMPUTE_SHARE`` of the same). At ``s = 1`` rows = units: ``units x updates``."""
+        f = scoring_share
+        per_pass = self.forward_passes_per_sample * (1.0 - f) + self.units_per_sample * f
+        recompute = per_pass * RECOMPUTE_SHARE if self.shrinkage > 1 else 0.0
+        return per_pass * self.updates_per_batch + recompute
 
     @staticmethod
     def of_profile(p: CostProfile) -> Workload:
@@ -377,7 +416,7 @@ def step_costs(p: CostProfile, w: Workload, rollout_gpus: int, learner_gpus: int
     if rollout_gpus < 1 or learner_gpus < 1:
         raise ValueError("a split needs at least one rollout and one learner GPU")
     r = (w.unmasking_steps + w.scoring_passes) * p.rollout_seconds_per_image_step
-    l_img = w.pairs_per_sample * p.learner_seconds_per_pair
+    l_img = w.learner_pairs(p.learner_scoring_share) * p.learner_seconds_per_pair
     prompts_per_gpu = math.ceil(w.prompts_per_step / rollout_gpus)
     samples_per_rank = math.ceil(w.images / learner_gpus)
     return StepCosts(

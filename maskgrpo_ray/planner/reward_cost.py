@@ -34,10 +34,11 @@ REWARD_FLOPS: dict[str, tuple[float, str]] = {
 encoders are per prompt, once per group, and left out)."""
 REWARD_MFU = 0.30
 # Measured on one H100 80GB HBM3 (bench/bench_reward_gpu.py, 2026-11-27, random weights;
-# docs/gpu.md), seconds per image batched: Mask2Former Swin-S at 800 x 800 in float32 (TF32),
-# 32 a batch: 13.76 ms (3.4% MFU: far below the 30% assumed before); ViT-L-14 crops in bf16,
-# 96 a batch: 0.58 ms each. CLIP ViT-H-14 measured 1.07-1.17 ms (bf16, 24-96 a batch), what
-# 30% MFU gives (1.09 ms): clip and pickscore keep REWARD_MFU.
+# docs/gpu.md, "The reward side", the only record: the raw results file was lost), seconds
+# per image batched: Mask2Former Swin-S at 800 x 800 in float32 (TF32), 32 a batch: 13.76 ms
+# (3.4% MFU: far below the 30% assumed before); ViT-L-14 crops in bf16, 96 a batch: 0.58 ms
+# each. CLIP ViT-H-14 measured 1.07-1.17 ms (bf16, 24-96 a batch), what 30% MFU gives
+# (1.09 ms): clip and pickscore keep REWARD_MFU.
 H100_REWARD_SECONDS: dict[str, float] = {"geneval": 13.76e-3 + GENEVAL_CROPS_PER_IMAGE * 0.58e-3}
 H100_PEAK = 989e12
 

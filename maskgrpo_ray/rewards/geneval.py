@@ -5,8 +5,11 @@ evaluator (djghosh13/geneval ``evaluation/evaluate_images.py``) does: its detect
 (Mask2Former Swin-S for COCO instances, :mod:`maskgrpo_ray.rewards.geneval_detector`), its
 colour classifier (open_clip ViT-L-14/openai zero-shot, :mod:`maskgrpo_ray.rewards.geneval_colour`)
 and its rule, exact (:func:`maskgrpo_ray.prompts.geneval_rule.decide`). What is not exact:
-the detector's weights are transformers' conversion of Mask2Former's own Swin-S release, not
-the mmdetection checkpoint the evaluator loads, and resizing and rounding differ in small ways
+the detector: ``detector: official`` is the evaluator's own weights (OpenMMLab's mmdetection
+checkpoint, converted by ``maskgrpo geneval convert-detector``:
+:mod:`maskgrpo_ray.rewards.geneval_convert`), the reward kind's default
+``hf://facebook/mask2former-swin-small-coco-instance`` the same architecture trained by Meta
+(Detectron2), which judges some images differently; resizing and rounding differ in small ways
 (docs/evaluation.md). The official evaluator stays the number to publish; ``maskgrpo eval``
 still writes its folder.
 
@@ -22,9 +25,11 @@ The reward kind ``geneval`` (:class:`GenEvalReward`) reads each image's metadata
   distance; ours is GenEval's own rule, clause by clause.)
 - ``correct``: GenEval's 0/1 correctness.
 
-Its ``accuracy`` is always the 0/1 correctness: the training loop logs it, and the evaluation
-inside a run reports it per tag (``eval_accuracy/<tag>``) and as GenEval's overall
-(``eval_accuracy/tag_mean``).
+Its ``accuracy`` is always the 0/1 correctness: the training loop logs it. The evaluation inside
+a run reports GenEval per tag (``eval_accuracy/<tag>``) and as GenEval's overall
+(``eval_accuracy/tag_mean``) from ``eval.geneval``'s scorer, a second instance of this class
+with its own detector (``official`` by default), not from the reward's
+(:mod:`maskgrpo_ray.pipeline.geneval_judge`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from maskgrpo_ray.prompts.geneval_rule import decide
 from maskgrpo_ray.prompts.geneval_schema import GENEVAL_CLASSES, TAGS
 from maskgrpo_ray.rewards.base import default_device, register_reward
 from maskgrpo_ray.rewards.geneval_colour import ColourClassifier, object_crop
+from maskgrpo_ray.rewards.geneval_convert import HUB_DETECTRON2, resolve_detector
 from maskgrpo_ray.rewards.geneval_detector import (
     TEST_SCALE,
     Mask2FormerDetector,
@@ -52,7 +58,7 @@ from maskgrpo_ray.weights.hub_field import SCHEME, HubField
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DETECTOR = "hf://facebook/mask2former-swin-small-coco-instance"
+DEFAULT_DETECTOR = HUB_DETECTRON2  # the reward's default; eval.geneval's is `official`
 TERMS = ("clauses", "correct")
 FIX_META = "use GenEval metadata lines (`maskgrpo prompts make --kind geneval`, docs/evaluation.md)"
 
@@ -125,8 +131,10 @@ class GenEvalScorer:
     """GenEval's judgement of images, in-process (see the module docstring).
 
     Args:
-        detector: a local transformers Mask2Former folder (config.json + model.safetensors);
-            ``hf://`` ids are resolved by the driver before (:mod:`maskgrpo_ray.weights.hub`).
+        detector: a local transformers Mask2Former folder (config.json + model.safetensors),
+            or ``official`` (GenEval's own weights, converted: ``maskgrpo geneval
+            convert-detector``); ``hf://`` ids are resolved by the driver before
+            (:mod:`maskgrpo_ray.weights.hub`).
         colour_model, colour_pretrained: the open_clip colour classifier (``ViT-L-14`` /
             ``openai``: the evaluator's), as the CLIP reward's ``model_name``/``pretrained``.
         device: where both models run (None: CUDA if present, else CPU).
@@ -153,6 +161,7 @@ class GenEvalScorer:
                 "local folder before any actor starts; in Python pass the local folder (e.g. "
                 "`hf download facebook/mask2former-swin-small-coco-instance --local-dir DIR`)"
             )
+        detector = resolve_detector(detector)
         self.device = default_device(device)
         scale = (int(detector_scale[0]), int(detector_scale[1]))
         self.detector = Mask2FormerDetector(
@@ -217,7 +226,7 @@ def check_files(
     from maskgrpo_ray.rewards.clip import resolve_clip_weights
 
     if not str(detector).startswith(SCHEME):
-        check_detector_folder(detector)
+        check_detector_folder(resolve_detector(detector))
     resolve_clip_weights(colour_model, colour_pretrained, cache_dir)
 
 

@@ -13,8 +13,12 @@ As ``evaluation/evaluate_images.py`` of djghosh13/geneval does it:
   (``run_classification``; the scale does not change the argmax).
 
 The crops are built with PIL exactly as the evaluator builds them; the encodings run batched on
-the model's device, in float16 autocast on CUDA as clip_benchmark's ``amp`` does (float32 on the
-CPU). The weights are open_clip's ``ViT-L-14`` / ``openai`` tag, looked up as the CLIP reward
+the model's device. On CUDA everything clip_benchmark runs inside its float16 autocast (``amp``,
+on by default in the versions whose ``run_classification`` returns ``(logits, target)``, the
+evaluator's) runs inside ours too: the classifier's normalise, mean and renormalise, and the
+image side's encode, normalise and ``100 * features @ classifier`` (so a near tie between two
+colours is broken by the same float16 matmul). On the CPU clip_benchmark's
+``torch.cuda.amp.autocast`` changes nothing, and neither do we: float32 throughout. The weights are open_clip's ``ViT-L-14`` / ``openai`` tag, looked up as the CLIP reward
 looks its weights up (:func:`maskgrpo_ray.rewards.clip.resolve_clip_weights`: local files or the
 Hugging Face cache, a download only with ``MASKGRPO_ALLOW_DOWNLOADS=1``).
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 TEMPLATES = ("a photo of a {c} {cls}", "a photo of a {c}-colored {cls}", "a photo of a {c} object")
@@ -107,11 +112,11 @@ class ColourClassifier:
         if classname not in self._classifiers:
             texts = colour_prompts(classname)  # [10][3]
             flat = [t for per_colour in texts for t in per_colour]
-            with self._amp():
-                emb = self.model.encode_text(self.tokenizer(flat).to(self.device)).float()
-            emb = torch.nn.functional.normalize(emb, dim=-1).view(len(COLORS), len(TEMPLATES), -1)
-            mean = emb.mean(dim=1)  # [10, D]
-            self._classifiers[classname] = (mean / mean.norm(dim=-1, keepdim=True)).T
+            with self._amp():  # clip_benchmark's zero_shot_classifier, all inside its autocast
+                emb = self.model.encode_text(self.tokenizer(flat).to(self.device))
+                emb = F.normalize(emb, dim=-1).view(len(COLORS), len(TEMPLATES), -1)
+                mean = emb.mean(dim=1)  # [10, D]
+                self._classifiers[classname] = (mean / mean.norm(dim=-1, keepdim=True)).T
         return self._classifiers[classname]
 
     @torch.inference_mode()
@@ -122,9 +127,10 @@ class ColourClassifier:
         out = [torch.zeros(0, len(COLORS))]
         for s in range(0, len(crops), self.batch_size):
             pixels = torch.stack([self.transform(c) for c in crops[s : s + self.batch_size]])
-            with self._amp():
-                feats = self.model.encode_image(pixels.to(self.device)).float()
-            out.append((100.0 * torch.nn.functional.normalize(feats, dim=-1) @ clf).cpu())
+            with self._amp():  # clip_benchmark's run_classification: similarity inside too
+                feats = F.normalize(self.model.encode_image(pixels.to(self.device)), dim=-1)
+                logits = 100.0 * feats @ clf
+            out.append(logits.float().cpu())
         return torch.cat(out)
 
     def classify(self, crops: Sequence[Any], classname: str) -> list[str]:

@@ -7,8 +7,10 @@ that does, and what :class:`Mask2FormerDetector` does the same way on transforme
 
 - input (the config's test pipeline): resize keeping the ratio into (1333, 800) (``mmcv``'s
   ``rescale_size``: scale ``min(1333 / long side, 800 / short side)``, sides ``int(x * s +
-  0.5)``; bilinear, the result rounded to uint8 as cv2 writes it), normalise with ImageNet's mean
-  and std in 0-255, pad bottom/right to a multiple of 32;
+  0.5)``; bilinear, the result rounded to uint8 as cv2 writes it), pad bottom/right with the
+  value 128 to a multiple of 32, then normalise with ImageNet's mean and std in 0-255 (the 2.x
+  instance config, ``mask2former_r50_lsj_8x2_50e_coco.py``: ``pad_cfg = dict(img=(128, 128,
+  128), ...)`` and ``Pad(size_divisor=32, pad_val=pad_cfg)`` before ``Normalize``);
 - output (``MaskFormerFusionHead.instance_postprocess``, ``max_per_image=100``): the class
   softmax without the no-object column over ``queries x classes``, its top 100 pairs; each
   pair's mask logits upsampled (bilinear) to the padded input, cropped to the resized image,
@@ -20,9 +22,10 @@ Boxes come from the masks, as mmdetection's Mask2Former makes them; transformers
 ``post_process_instance_segmentation`` is not used: it resizes every mask to 384 x 384
 before thresholding, keeps no padding information and returns no boxes.
 
-What is not the evaluator's: the weights (transformers' conversion of the original Mask2Former
-Swin-S COCO instance release, not the mmdetection checkpoint), torch's bilinear resize for
-cv2's, and float rounding. Only masks of the classes a prompt names are upsampled: the rule
+What is not the evaluator's: the weights unless the folder is ``official`` (GenEval's own
+mmdetection checkpoint converted by ``maskgrpo geneval convert-detector``; the hub's
+``facebook/mask2former-swin-small-coco-instance`` is Meta's Detectron2 training of the same
+architecture), torch's bilinear resize for cv2's, and float rounding. Only masks of the classes a prompt names are upsampled: the rule
 reads no other class, and the top-100 selection is made over all classes first, so the
 result for those classes is the same.
 
@@ -35,6 +38,7 @@ safetensors only.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +51,13 @@ from torch import nn
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.rewards.weights import missing
 
+log = logging.getLogger(__name__)
+
 MMDET_MEAN = (123.675, 116.28, 103.53)  # RGB, 0-255 (the config's img_norm_cfg)
 MMDET_STD = (58.395, 57.12, 57.375)
 TEST_SCALE = (1333, 800)  # (long side limit, short side limit): the test pipeline's img_scale
 SIZE_DIVISOR = 32
+PAD_VALUE = 128.0  # pixels, before Normalize (the 2.x instance config's pad_cfg img value)
 MAX_PER_IMAGE = 100
 
 # COCO label spellings of other releases -> GenEval's (evaluation/object_names.txt)
@@ -119,19 +126,21 @@ def detector_input(
     images: torch.Tensor, scale: tuple[int, int] = TEST_SCALE
 ) -> tuple[torch.Tensor, tuple[int, int]]:
     """uint8 ``[N, H, W, 3]`` -> (normalised float ``[N, 3, Hp, Wp]`` padded to
-    :data:`SIZE_DIVISOR`, the resized ``(h, w)`` before padding)."""
+    :data:`SIZE_DIVISOR`, the resized ``(h, w)`` before padding). The padding is
+    :data:`PAD_VALUE` in pixels, normalised with the image (mmdetection 2.x pads before it
+    normalises)."""
     n, h, w, _ = images.shape
     rh, rw = resized_size(h, w, scale)
     x = images.permute(0, 3, 1, 2).float()  # [N, 3, H, W]
     if (rh, rw) != (h, w):
         x = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False)
         x = x.round().clamp(0, 255)  # cv2 writes uint8
-    mean = x.new_tensor(MMDET_MEAN).view(1, 3, 1, 1)
-    std = x.new_tensor(MMDET_STD).view(1, 3, 1, 1)
-    x = (x - mean) / std
     ph = -(-rh // SIZE_DIVISOR) * SIZE_DIVISOR
     pw = -(-rw // SIZE_DIVISOR) * SIZE_DIVISOR
-    return F.pad(x, (0, pw - rw, 0, ph - rh), value=0.0), (rh, rw)
+    x = F.pad(x, (0, pw - rw, 0, ph - rh), value=PAD_VALUE)
+    mean = x.new_tensor(MMDET_MEAN).view(1, 3, 1, 1)
+    std = x.new_tensor(MMDET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std, (rh, rw)
 
 
 def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
@@ -221,9 +230,11 @@ class _Mask2Former(nn.Module):
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 HOW = (
-    "  - Point `detector` at a local copy of facebook/mask2former-swin-small-coco-instance "
-    "(config.json and model.safetensors), or at hf://facebook/mask2former-swin-small-coco-"
-    "instance with MASKGRPO_ALLOW_DOWNLOADS=1 where the hub is reachable."
+    "  - `detector: official` is GenEval's own checkpoint after `maskgrpo geneval "
+    "convert-detector PATH.pth`; or point `detector` at a local copy of facebook/mask2former-"
+    "swin-small-coco-instance (config.json and model.safetensors; Meta's Detectron2 training), "
+    "or at hf://facebook/mask2former-swin-small-coco-instance with MASKGRPO_ALLOW_DOWNLOADS=1 "
+    "where the hub is reachable."
 )
 
 
@@ -261,6 +272,45 @@ def _state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+SWIN = "model.pixel_level_module.encoder."
+# transformers 4.x's Swin keys -> 5.x's (transformers' conversion_mapping.py, "swin" and
+# "SwinBackbone"): the hub's facebook/mask2former-* checkpoints were written by 4.x
+LEGACY_SWIN = (
+    (".attention.self.relative_position_bias_table", ".attention.relative_position_bias.relative_position_bias_table"),  # noqa: E501
+    (".attention.self.query.", ".attention.q_proj."),
+    (".attention.self.key.", ".attention.k_proj."),
+    (".attention.self.value.", ".attention.v_proj."),
+    (".attention.output.dense.", ".attention.o_proj."),
+    (".intermediate.dense.", ".mlp.fc1."),
+    (".output.dense.", ".mlp.fc2."),
+)  # fmt: skip
+
+
+def current_layout(state: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
+    """Rename, in place, a checkpoint of transformers 4.x's layout (``encoder.embeddings``,
+    ``encoder.encoder.layers...attention.self.query``) to the installed 5.x model's
+    (``encoder.swin...attention.q_proj``), drop its ``relative_position_index`` buffers (5.x
+    computes them) and fill ``swin.layernorm`` (new in 5.x, never read by the backbone) as an
+    identity norm. Returns whether it was the old layout."""
+    old = [k for k in state if k.startswith((SWIN + "embeddings.", SWIN + "encoder."))]
+    if not old:
+        return False
+    for key in old:
+        value = state.pop(key)
+        if key.endswith("relative_position_index"):
+            continue
+        new = SWIN + "swin." + key[len(SWIN) :]
+        for a, b in LEGACY_SWIN:
+            new = new.replace(a, b)
+        state[new] = value
+    for key, value in want.items():
+        if key.startswith(SWIN + "swin.layernorm.") and key not in state:
+            state[key] = (
+                torch.ones_like(value) if key.endswith("weight") else torch.zeros_like(value)
+            )
+    return True
+
+
 class Mask2FormerDetector:
     """Mask2Former for COCO instance segmentation, run as mmdetection's test procedure.
 
@@ -293,6 +343,8 @@ class Mask2FormerDetector:
         self.num_labels = len(id2label)
         net = _Mask2Former(config)
         state = {k: v for k, v in _state_dict(folder).items() if not k.startswith("criterion.")}
+        if current_layout(state, net.state_dict()):
+            log.info("GenEval detector %s: transformers 4.x key layout, renamed to 5.x's", folder)
         missing_keys, unexpected = net.load_state_dict(state, strict=False)
         if missing_keys or unexpected:
             raise UserError(

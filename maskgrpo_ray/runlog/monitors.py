@@ -29,17 +29,20 @@ from typing import Any
 
 import torch
 
+from maskgrpo_ray.runlog.probe_alarms import ALL_ALARMS
+
 ENTROPY = "image/colour_entropy"
 DARK = "image/dark"
 SATURATED = "image/saturated"
 EDGES = "image/edges"
 IMAGE_STATS = (ENTROPY, DARK, SATURATED, EDGES)
+MALFORMED = "image/malformed"  # a detector's share of malformed objects (the shapes judge)
 MAX_SIDE = 128  # images are subsampled (every k-th pixel) to at most this many pixels a side
 DARK_LUMA = 0.15  # a pixel is dark when its luma (BT.601, 0-1) is below this
 SATURATED_CHROMA = 0.5  # ... saturated when (max - min) / 255 of its channels is at least this
 EDGE_STEP = 64  # ... two neighbours make an edge when a channel differs by more than this
 
-ALARMS = ("hacking", "probe_hacking", "drift")
+ALARMS = ALL_ALARMS
 ALARM = "monitor/alarm/"  # + an alarm's name: 1.0 on the steps where its rule holds
 
 
@@ -285,7 +288,9 @@ def monitors_figure(rows: Sequence[Mapping[str, Any]], rules: MonitorRules) -> A
     import matplotlib.pyplot as plt
 
     agree = sorted({k for r in rows for k in r if k.startswith("agreement/")})
-    fig, axes = plt.subplots(3 if agree else 2, 1, figsize=(7, 7.5 if agree else 5.2), sharex=True)
+    zs = sorted({k for r in rows for k in r if k.startswith("probe/z/")})
+    n = 2 + bool(agree) + bool(zs)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 2.6 * n), sharex=True)
     _reward_panel(axes[0], rows)
     _drift_panel(axes[1], rows, rules)
     if agree:
@@ -296,6 +301,14 @@ def monitors_figure(rows: Sequence[Mapping[str, Any]], rules: MonitorRules) -> A
         axes[2].set_ylabel("Spearman in groups")
         if axes[2].get_legend_handles_labels()[0]:
             axes[2].legend(fontsize=7, loc="best")
+    if zs:  # every probe against the base's (runlog.probe_alarms)
+        for key in zs:
+            pts = _series(rows, key)
+            if pts:
+                axes[-1].plot(*zip(*pts, strict=True), marker="o", label=key[len("probe/z/") :])
+        axes[-1].axhline(0.0, color="grey", lw=0.8)
+        axes[-1].set_ylabel("probe - base (base se)")
+        axes[-1].legend(fontsize=7, loc="best")
     for name, info in monitor_summary(rows).get("alarms", {}).items():
         if info["first_step"] is not None:
             for a in axes:

@@ -128,6 +128,16 @@ class ShapesJudgeReward:
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return judging.layout_features(images, self.patch_px)
 
+    def malformed_share(self, images: torch.Tensor) -> torch.Tensor:
+        """Per image, float ``[N]``: the share of the objects the detector finds that are
+        malformed (not a square, circle or triangle of a drawn size); NaN where it finds none
+        (the monitors' ``image/malformed``)."""
+        shares = []
+        for dets in judging.detect(images, self.patch_px):
+            bad = sum(d.cls == judging.MALFORMED for d in dets)
+            shares.append(bad / len(dets) if dets else float("nan"))
+        return torch.tensor(shares, dtype=torch.float32)
+
     def layouts(self, images: torch.Tensor) -> list[Hashable]:
         """The detected layout of each image (the class, colour and box of every object the
         detector finds: :func:`~maskgrpo_ray.worlds.shapes.judge.layout_key`), ``N`` keys:

@@ -1,4 +1,6 @@
-"""The base model's held-out evaluation, kept on disk and reused (``eval.reuse_base_evaluation``).
+"""The held-out evaluation: the prompts (with their GenEval tags), the executor's evaluation with
+the world's diversity ceiling beside it, and the base model's evaluation kept on disk and reused
+(``eval.reuse_base_evaluation``).
 
 Every recipe trained on one seed starts from the same base model and evaluates it with the same
 fixed-seed sampler, so a batch of recipes evaluates the same model again and again. With the
@@ -19,16 +21,46 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from maskgrpo_ray.config import Config
+from maskgrpo_ray.evaluation.generation import ceiling_figures
+from maskgrpo_ray.loop.executor import Executor
 
 log = logging.getLogger(__name__)
 
 SECTIONS = ("model", "data", "rollout", "reward", "eval")
 VERSION = 1  # bump when the evaluation's code changes what it reports
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Held-out prompts with their GenEval tags (one per prompt; None: untagged): evaluations
+    then also report ``eval_<key>/<tag>``."""
+
+    prompts: list[str]
+    tags: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def evaluate_held_out(
+    cfg: Config, ex: Executor, eval_prompts: list[str] | EvalSet
+) -> dict[str, float]:
+    """The executor's held-out evaluation and, beside it, the ceiling of its
+    ``eval_diversity/distinct`` where the world knows it (``evaluation.generation``)."""
+    if isinstance(eval_prompts, EvalSet):
+        prompts, tags = eval_prompts.prompts, eval_prompts.tags
+        out = ex.evaluate(prompts, tags)
+    else:
+        prompts, tags = eval_prompts, None
+        out = ex.evaluate(prompts)
+    out.update(ceiling_figures(cfg.model, prompts, cfg.eval.samples_per_prompt, tags))
+    return out
 
 
 def cache_dir() -> Path:

@@ -17,7 +17,6 @@ the main thread also changes is the fleet's, under its lock.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,25 +25,23 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError
 
-from maskgrpo_ray.actors.control import start_control_actor
+from maskgrpo_ray.backend.checkpoint import load_learner, snapshot_learner
+from maskgrpo_ray.backend.control import ControlChannel
 from maskgrpo_ray.backend.filter import RemoteFilter
 from maskgrpo_ray.backend.fleet import RolloutFleet
 from maskgrpo_ray.cluster.attach import ClusterHandle, connect, disconnect
 from maskgrpo_ray.cluster.ray_metrics import process_metrics
 from maskgrpo_ray.config import Config
-from maskgrpo_ray.evaluation.generation import grid_unit, make_units, summarize
+from maskgrpo_ray.evaluation.generation import PROBE_FIGURES, grid_unit, make_units, summarize
 from maskgrpo_ray.learner.group import LearnerGroup
 from maskgrpo_ray.learner.weight_sync import WeightSync, make_weight_sync
 from maskgrpo_ray.loop.collect import chunk_prompts_of
-from maskgrpo_ray.loop.snapshot import host_copy
 from maskgrpo_ray.loop.step_signal_probe import StepSignal
 from maskgrpo_ray.models.registry import prepare_model
 from maskgrpo_ray.pipeline.data_plane import Traffic, TrainRefs
 from maskgrpo_ray.pipeline.messages import Chunk, FilterResult, ScoredBatch, TrainBatch
 from maskgrpo_ray.pipeline.settings import settings_from_config
-from maskgrpo_ray.weights.safe_files import load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +84,7 @@ class RayExecutor:
         self.last_sync_bytes = 0
         self.syncs_adapter = cfg.model.lora is not None  # LoRA: the sync moves the adapter only
         self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
-        self.control, _ = start_control_actor(cfg.run.name)
+        self.live = ControlChannel(cfg.run.name, timeout_s)  # maskgrpo scale / status
         self.last_recovery_s = 0.0
         # (time.monotonic(), role, "lost" | "replaced" | "restored"): when faults were seen
         # and healed, for operators' logs and the fault drill (bench/fault_drill.py)
@@ -121,6 +118,11 @@ class RayExecutor:
         actor count this is the local backend's chunking, so both seed a step alike."""
         n = len(self.fleet.rollouts)
         return chunk_prompts_of(self.fixed_chunk_prompts, self.prompts_per_step, n)
+
+    @property
+    def control(self) -> Any:
+        """The control actor's handle (``ControlChannel.actor``; started again if lost)."""
+        return self.live.actor
 
     @property
     def counters(self) -> dict[str, float]:
@@ -227,14 +229,15 @@ class RayExecutor:
         return signal, self.learner.planner.observe(signal)
 
     def evaluate(
-        self, prompts: list[str], tags: list[str | None] | None = None
+        self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
         """Held-out evaluation spread over every rollout actor: fixed-seed units
         (``evaluation.generation``), so the figures do not depend on the actor count; per
-        GenEval tag too when ``tags`` (one per prompt) are given."""
+        GenEval tag too when ``tags`` (one per prompt) are given. ``probe``: the image
+        statistics too (the rollout actors hold no base: no KL, ``eval_kl`` absent)."""
         units = make_units(prompts, self.settings.eval)
         per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
-        return summarize(per_unit, tags)
+        return summarize(per_unit, tags, PROBE_FIGURES if probe else ())
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``), made
@@ -264,34 +267,17 @@ class RayExecutor:
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, folder: Path) -> None:
-        """Learner (DeepSpeed checkpoint of all ranks, brought to ``folder`` on the driver's
-        machine through the object store), version, RNG streams (the group source saves the
+        """Learner, version, RNG streams (``backend.checkpoint``; the group source saves the
         filter's history): :meth:`snapshot`, written now."""
         self.snapshot()(folder)
 
     def snapshot(self) -> Callable[[Path], None]:
-        """What :meth:`save` writes, taken now (the ranks' files in the object store, the
-        version and the planner's stream copied); the returned call writes it to a folder
-        (on any thread)."""
-        files = self.learner.snapshot()
-        learner = self.learner
-        state = {"policy_version": self.policy_version, "step_generator": learner.planner.state()}
-        state = host_copy(state)
-
-        def write(folder: Path) -> None:
-            learner.write_snapshot(str((folder / "learner").resolve()), files)
-            torch.save(state, folder / "executor.pt")
-
-        return write
+        """What :meth:`save` writes, taken now; the returned call writes it (on any thread)."""
+        return snapshot_learner(self.learner, self.policy_version)
 
     def load(self, folder: Path) -> None:
         """Restore what :meth:`save` wrote, then give every rollout actor those weights."""
-        state = load_torch_file(folder / "executor.pt", "a checkpoint's executor state")
-        self.learner.load(
-            str((folder / "learner").resolve()),
-            int(state["policy_version"]),
-            state["step_generator"],
-        )
+        load_learner(self.learner, folder)
         self.policy_version = self.learner.version
         self.sync_weights()
         self._event("learner", "restored")
@@ -299,36 +285,14 @@ class RayExecutor:
     # ------------------------------------------------------------------ live control
 
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
-        """Mirror the step's row to the Ray dashboard metrics; apply a requested scale."""
+        """Mirror the step's row to the Ray dashboard metrics; apply a requested scale and
+        report the status (``backend.control.ControlChannel``)."""
         self.metrics.record_step(row, self.settings.rollout.group_size)
-        try:
-            requested = ray.get(self.control.take_request.remote(), timeout=self.timeout_s)
-        except RayActorError as e:  # its node lost: the run goes on without it
-            log.warning("control actor lost (%s); started again (re-send a pending scale)", e)
-            with contextlib.suppress(Exception):
-                ray.kill(self.control)
-            self.control, _ = start_control_actor(self.run_name)
-            requested = None
-        fleet = self.fleet
-        if requested is not None and requested != len(fleet.rollouts):
-            n = len(fleet.rollouts)
-            log.info(
-                "scaling rollout actors %d -> %d (asked through the control actor)", n, requested
-            )
-            fleet.scale_rollout(requested)
-        self.metrics.gauge("maskgrpo_rollout_actors", len(fleet.rollouts))
-        status = {
-            "step": step,
-            "policy_version": self.policy_version,
-            "rollout_actors": fleet.rollout_actor_ids(),
-            "reward_actors": len(fleet.rewards),
-            "samples_per_second": row.get("samples_per_second"),
-            "reward_mean": row.get("reward_mean"),
-        }
-        self.control.report.remote(status)
+        self.live.step_end(self.fleet, step, self.policy_version, row)
+        self.metrics.gauge("maskgrpo_rollout_actors", len(self.fleet.rollouts))
 
     def shutdown(self) -> None:
-        ray.kill(self.control)
+        self.live.shutdown()
         self.learner.shutdown()
         self.fleet.shutdown()
         self.filters.shutdown()
