@@ -177,12 +177,6 @@ def test_the_rooms_have_no_circle_and_the_table_lists_them_from_the_ground_up():
 # run from a room to one listed above it: the arrows a drawing of the house shows running back
 # up. Each is named here with why it stays; a new one fails the next test until it joins.
 UPWARD_LAZY: dict[tuple[str, str], str] = {
-    ("config", "models"): (
-        "validating `model` asks the model registry for the kind's own rules (an unknown kind "
-        "fails, a plugin kind's model.args meet its section, the kind's cross-field check runs): "
-        "the one circle left (config <-> models.registry, tests/test_import_graph.py "
-        "LAZY_CIRCLES_ALLOWED); untying it means the kinds' rules registering below config"
-    ),
     ("weights", "models"): (
         "hub.resolve_config asks the model kind, by name, which of its fields take a hub id "
         "(ModelEntry.hub_fields): a registry lookup like a plugin's, only when ids are resolved"
