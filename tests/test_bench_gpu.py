@@ -97,9 +97,9 @@ def _load_bench():
     """The script as a module, in this process, loaded as model plugin files are: it goes
     into ``sys.modules`` before it runs (its dataclasses, with postponed annotations, look their
     module up there, and so does its ``register_pickle_by_value``)."""
-    from maskgrpo_ray.models.registry import _import_file
+    from maskgrpo_ray.config.kinds import import_file
 
-    _import_file(SCRIPT)
+    import_file(SCRIPT)
     return sys.modules[SCRIPT.stem]
 
 

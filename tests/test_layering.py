@@ -177,23 +177,22 @@ def test_the_rooms_have_no_circle_and_the_table_lists_them_from_the_ground_up():
 # run from a room to one listed above it: the arrows a drawing of the house shows running back
 # up. Each is named here with why it stays; a new one fails the next test until it joins.
 UPWARD_LAZY: dict[tuple[str, str], str] = {
-    ("config", "models"): (
-        "validating `model` asks the model registry for the kind's own rules (an unknown kind "
-        "fails, a plugin kind's model.args meet its section, the kind's cross-field check runs): "
-        "the one circle left (config <-> models.registry, tests/test_import_graph.py "
-        "LAZY_CIRCLES_ALLOWED); untying it means the kinds' rules registering below config"
-    ),
     ("weights", "models"): (
         "hub.resolve_config asks the model kind, by name, which of its fields take a hub id "
-        "(ModelEntry.hub_fields): a registry lookup like a plugin's, only when ids are resolved"
+        "(ModelEntry.hub_fields): a registry lookup like a plugin's, only when ids are resolved "
+        "(it closes no circle, tests/test_import_graph.py). Untying it as config's "
+        "was (config.kinds) takes a hub-field registry in weights filled by the model and reward "
+        "kinds, or resolve_config moved above both with its callers (cli.app, evaluation.cli)"
     ),
     ("weights", "rewards"): (
-        "the same for each reward component's kind (rewards.base.reward_hub_fields)"
+        "the same for each reward component's kind (rewards.base.reward_hub_fields), which also "
+        "imports the reward kind's module by rewards.base's own table of built-in kinds"
     ),
     ("planner", "pipeline"): (
         "cost_model.workload_of reads a run config through the pipeline's settings (the units "
         "a sample trains, as the learner counts them) only when `maskgrpo plan` or the simulated "
-        "accelerator is given a config: the planner stays torch-free when it loads"
+        "accelerator is given a config: the planner stays torch-free when it loads; computing "
+        "those units in the planner would copy the learner's counting, which must not drift"
     ),
     ("evaluation", "actors"): (
         "`maskgrpo eval` on Ray (RayGenerator) starts a rollout pool; only that path imports "
@@ -201,7 +200,8 @@ UPWARD_LAZY: dict[tuple[str, str], str] = {
     ),
     ("evaluation", "backend"): (
         "RayGenerator spreads the evaluation units over that pool with backend.chunks' "
-        "map_over_pool (a lost actor replaced, its unit re-run): the same scheduling as a run"
+        "map_over_pool (a lost actor replaced, its unit re-run): the same scheduling as a run; "
+        "moving RayGenerator up into backend/ needs run_eval's choice of generator moved up too"
     ),
 }
 

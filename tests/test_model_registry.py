@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from maskgrpo_ray.config import Config, ConfigError, ModelConfig, load_config
+from maskgrpo_ray.config.kinds import kind_names, rules_for
 from maskgrpo_ray.models.base import LogitsFn, MaskedImagePolicy, cfg_mix
 from maskgrpo_ray.models.registry import ModelEntry, get_model, model_kinds, register_model
 from maskgrpo_ray.pipeline.phases import generate
@@ -127,6 +128,16 @@ def test_builtin_kinds_registered_by_name():
     assert get_model("toy").config_section.__name__ == "ToyModelConfig"
     assert get_model("showo").config_section.__name__ == "ShowoModelConfig"
     assert get_model(KIND).config_section is TinyArgs
+
+
+def test_registering_a_kind_registers_its_config_rules():
+    # validating a config finds a kind's rules in config.kinds (the config imports no model):
+    # register_model put them there, the same objects as the entry's
+    for kind in ("toy", "shapes", KIND):
+        entry, rules = get_model(kind), rules_for(kind)
+        assert (rules.section, rules.check) == (entry.config_section, entry.check)
+    assert get_model("toy").check is not None  # the toy rule below is one of them
+    assert kind_names() == model_kinds()
 
 
 def test_unknown_kind_is_a_config_error_naming_the_kinds():

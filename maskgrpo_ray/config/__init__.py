@@ -14,7 +14,8 @@ loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model
 ``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``),
 :mod:`maskgrpo_ray.config.learner` (``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
 :mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
-no torch and no model: a model kind's module is imported when a config naming it is validated.
+no torch and no model: a model kind's module is imported when a config naming it is validated
+(:mod:`maskgrpo_ray.config.kinds`: the kinds register their own rules there).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pydantic import Field, ValidationError, model_validator
 from maskgrpo_ray.config import builtin
 from maskgrpo_ray.config.base import Strict
 from maskgrpo_ray.config.evidence import EvidenceConfig
+from maskgrpo_ray.config.kinds import rules_for
 from maskgrpo_ray.config.learner import LearnerConfig
 from maskgrpo_ray.config.policy import (
     ForwardEstimatorConfig,
@@ -224,9 +226,7 @@ class Config(Strict):
                 "(Eq. 15) is its exact transition log-prob; set rollout.transition p2, or "
                 "likelihood.estimator forward"
             )
-        from maskgrpo_ray.models.registry import entry_for  # imports the kind: not at load
-
-        check = entry_for(self.model).check
+        check = rules_for(self.model.kind, self.model.plugins).check
         if check is not None:
             check(self)  # the model kind's own cross-field rules
         return self

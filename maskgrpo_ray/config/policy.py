@@ -2,8 +2,8 @@
 (``rollout``) and which likelihood the objective's ratio uses (``likelihood``).
 
 Part of the one config tree (:mod:`maskgrpo_ray.config`, the import point); plain pydantic, no
-torch. A model kind's own settings are looked up in the model registry
-(:mod:`maskgrpo_ray.models.registry`) when a config is validated, not when this module loads.
+torch. A model kind's own settings are looked up where the kinds register them
+(:mod:`maskgrpo_ray.config.kinds`) when a config is validated, not when this module loads.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.kinds import rules_for
 
 
 class ToyModelConfig(Strict):
@@ -190,9 +191,7 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _registered(self) -> ModelConfig:
-        from maskgrpo_ray.models.registry import entry_for  # imports the kind: not at load
-
-        section = entry_for(self).config_section  # imports model.plugins; unknown kinds fail
+        section = rules_for(self.kind, self.plugins).section  # imports them; unknown kinds fail
         own = {f.annotation for f in type(self).model_fields.values()}
         if section is not None and section not in own:
             section.model_validate(self.args)  # a plugin kind's settings live in model.args

@@ -3,10 +3,13 @@
 A kind is one :class:`ModelEntry` registered with :func:`register_model` by the module that
 implements it (its schedule, prompting and loading stay behind :class:`MaskedImagePolicy`).
 The built-in kinds register on first use (their modules are imported lazily: Show-o's is
-large). Any other kind lives in a module named in ``model.plugins``: :func:`load_plugins`
-imports those modules (or ``.py`` files), in every process that validates a config or builds a
-policy (the driver, each Ray rollout actor and learner rank), so a kind registered at import
-time is found there.
+large). Any other kind lives in a module named in ``model.plugins``:
+:func:`maskgrpo_ray.config.kinds.load_plugins` imports those modules (or ``.py`` files), in every
+process that validates a config or builds a policy (the driver, each Ray rollout actor and
+learner rank), so a kind registered at import time is found there. Registering a kind also
+registers its config rules (its settings section and cross-field check) in
+:mod:`maskgrpo_ray.config.kinds`, where validating a config finds them: the config never imports
+this registry, and the table of built-in kinds' modules is that module's ``BUILTIN_KINDS``.
 
 The registry also holds named built-in prompt sets (``data.prompts``), since a model's world
 can bring its own captions (the toy world's grammar), with their GenEval metadata when they have
@@ -16,14 +19,13 @@ it. Callers ask the entry what a kind or a set can do; none branches on its name
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+from maskgrpo_ray.config.kinds import BUILTIN_KINDS, KindRules, register_kind, rules_for
 
 if TYPE_CHECKING:
     import torch
@@ -81,14 +83,6 @@ class ModelEntry:
 
 
 _MODELS: dict[str, ModelEntry] = {}
-_BUILTIN_MODELS = {
-    "amused": "maskgrpo_ray.models.amused",
-    "toy": "maskgrpo_ray.worlds.toy.model",
-    "shapes": "maskgrpo_ray.worlds.shapes.model",
-    "showo": "maskgrpo_ray.models.showo",
-    "sim": "maskgrpo_ray.worlds.toy.sim",  # a simulated accelerator (cost_model profiles)
-}
-"""Built-in kinds -> the module that registers them when imported."""
 
 
 @dataclass(frozen=True)
@@ -111,73 +105,28 @@ _BUILTIN_PROMPT_SETS = {
     "shapes": "maskgrpo_ray.worlds.shapes.model",
 }
 
-HOW_TO_REGISTER = (
-    "a new kind is one module that calls maskgrpo_ray.models.registry.register_model(kind, "
-    "ModelEntry(build=...)) at import time; name that module in model.plugins so that every "
-    "process imports it (docs/models.md)"
-)
-
 
 def register_model(kind: str, entry: ModelEntry) -> None:
     """Register ``entry`` under ``kind`` (registering the same entry again is a no-op)."""
     old = _MODELS.get(kind)
     if old is not None and old != entry:
         raise ValueError(f"model kind {kind!r} is already registered ({old.build!r})")
+    register_kind(kind, KindRules(entry.config_section, entry.check))  # validating finds them
     _MODELS[kind] = entry
 
 
 def model_kinds() -> list[str]:
     """Every kind that can be built now: built-ins and registered ones, sorted."""
-    return sorted(set(_MODELS) | set(_BUILTIN_MODELS))
-
-
-def load_plugins(modules: Iterable[str]) -> None:
-    """Import each plugin (``model.plugins``) so that it registers its kinds.
-
-    A plugin is a module name (importable in every process: an installed package, or a module
-    under the driver's working directory, which Ray puts on local workers' ``sys.path``) or the
-    path of a ``.py`` file, imported as the module named by its stem (reused when that module is
-    already imported from the same file, e.g. by pytest).
-    """
-    for name in modules:
-        try:
-            if name.endswith(".py"):
-                _import_file(Path(name))
-            else:
-                importlib.import_module(name)
-        except (ImportError, OSError) as err:
-            raise ValueError(
-                f"model.plugins: cannot import {name!r} ({err}); give a module name importable "
-                "in every process (installed, or under the working directory) or a .py file path"
-            ) from err
-
-
-def _import_file(path: Path) -> None:
-    path = path.resolve()
-    loaded = sys.modules.get(path.stem)
-    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path:
-        return
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ImportError(f"no Python file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[path.stem]
-        raise
+    return sorted(set(_MODELS) | set(BUILTIN_KINDS))
 
 
 def get_model(kind: str, plugins: Iterable[str] = ()) -> ModelEntry:
     """The entry of ``kind`` after importing ``plugins``; ValueError naming the known kinds."""
-    load_plugins(plugins)
-    if kind not in _MODELS and kind in _BUILTIN_MODELS:
-        importlib.import_module(_BUILTIN_MODELS[kind])
+    rules_for(kind, plugins)  # imports the plugins and the built-in kind's module, or refuses
     if kind not in _MODELS:
         raise ValueError(
-            f"model.kind={kind!r} is not a registered model kind; registered: "
-            f"{', '.join(model_kinds())}. Use one of them, or register it: {HOW_TO_REGISTER}"
+            f"model.kind={kind!r} has config rules (maskgrpo_ray.config.kinds.register_kind) but "
+            "no model; register the kind with maskgrpo_ray.models.registry.register_model"
         )
     return _MODELS[kind]
 

@@ -17,8 +17,9 @@ from maskgrpo_ray.algo.diversity import embedding_choice, train_figure
 from maskgrpo_ray.algo.estimators import ForwardSettings
 from maskgrpo_ray.algo.grpo import LossGuards
 from maskgrpo_ray.config import Config, ModelConfig, RewardComponent, RewardConfig, RolloutConfig
+from maskgrpo_ray.config.kinds import load_plugins
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.models.registry import load_plugins, reward_defaults
+from maskgrpo_ray.models.registry import reward_defaults
 from maskgrpo_ray.pipeline.geneval_judge import judge_spec
 from maskgrpo_ray.rewards.base import EnsembleSpec, RewardSpec, reward_embeds
 
