@@ -278,19 +278,33 @@ def test_the_ray_run_equals_the_local_run_on_the_shapes_world(tmp_path, monkeypa
     single-process loop does (rows equal, ratio 1 on every first pass, weights to round-off)."""
     monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    from test_lag_reference import _weight_gaps
+
+    from maskgrpo_ray.config import load_config
+
     (a, wa), (b, wb) = _shapes_run(tmp_path, "local"), _shapes_run(tmp_path, "ray")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     for ra, rb in zip(a, b):
-        for key in ("reward_mean", "reward/shapes_clip", "reward/shapes_judge", "accuracy",
-                    "groups_trained", "groups_dropped", "policy_version"):  # fmt: skip
+        for key in ("reward/shapes_judge", "accuracy", "groups_trained", "groups_dropped",
+                    "policy_version"):  # decisions and counts: exact  # fmt: skip
             assert ra[key] == rb[key], (ra["step"], key)
+        # the learned reward: the reward actor scores a chunk at a time, the local loop the whole
+        # batch, and on some CPUs (an AMD EPYC here) the matmul kernels of the two batch sizes
+        # round differently in the last float32 bit (1.2e-7 of 1.04 at step 0): to a few ulps
+        for key in ("reward_mean", "reward/shapes_clip"):
+            assert ra[key] == pytest.approx(rb[key], rel=4e-7), (ra["step"], key)
         assert ra["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
         assert rb["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     # two optimizer implementations (torch's AdamW, DeepSpeed's) over 3 updates:
     # round-off, far below how far the runs moved the weights
+    # (the attention's key biases apart: their exact gradient is 0, so Adam scales each run's
+    # round-off, which differs here since the rewards do, into steps of up to the learning rate;
+    # test_lag_reference._weight_gaps says why)
     atol = 5e-5
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= atol
-    from maskgrpo_ray.config import load_config
+    worst, key_bias = _weight_gaps(wa, wb)
+    assert worst <= atol, worst
+    lr = load_config("configs/shapes.yaml", SMALL_RUN).train.learning_rate
+    assert key_bias <= 3 * lr * 1.01, key_bias  # 3 Adam steps move a weight at most ~3 lr
     from maskgrpo_ray.pipeline.build import build_policy
 
     base = build_policy(load_config("configs/shapes.yaml", TINY_WORLD).model).state_dict()
