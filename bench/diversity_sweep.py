@@ -115,14 +115,7 @@ def main() -> None:
         f = r["final"]
         return f"accuracy {f['eval_accuracy']:.3f}, distinct {f['eval_diversity/distinct']:.3f}"
 
-    runs = lab.run_jobs(
-        jobs,
-        n_jobs=a.jobs,
-        fresh=a.fresh,
-        commit=a.commit,
-        recorded_only=a.recorded_only,
-        on_done=lab.progress(34, describe),
-    )
+    runs = lab.run_from_args(jobs, a, lab.progress(34, describe))
     rows = rows_of(runs, names, ref)
     record = {"steps": a.steps, "rows": rows, "runs": runs}
     lab.write_results(a.out, record, markdown(rows, a.steps), a.markdown, indent=None)

@@ -259,14 +259,7 @@ def main() -> None:
         f = pt.figures(r)
         return f"gain {f['gain']:+.3f}, pairwise {f['pairwise']:.3f}"
 
-    runs = lab.run_jobs(
-        jobs,
-        n_jobs=a.jobs,
-        fresh=a.fresh,
-        commit=a.commit,
-        recorded_only=a.recorded_only,
-        on_done=lab.progress(44, describe),
-    )
+    runs = lab.run_from_args(jobs, a, lab.progress(44, describe))
     rows = table(runs, names, seeds, world)
     md = markdown(rows, seeds, a.steps, a.config)
     record = {"config": a.config, "steps": a.steps, "seeds": seeds, "rows": rows}

@@ -243,14 +243,7 @@ def main() -> None:
         f = figures(r)
         return f"AUC {f['auc']:.3f}, final {f['final']:.3f}, distinct {f['distinct']:.3f}"
 
-    runs = lab.run_jobs(
-        jobs,
-        n_jobs=a.jobs,
-        fresh=a.fresh,
-        commit=a.commit,
-        recorded_only=a.recorded_only,
-        on_done=lab.progress(34, describe),
-    )
+    runs = lab.run_from_args(jobs, a, lab.progress(34, describe))
     rows, md = table(runs, names, seeds)
     power = resolving_power(rows)
     print(md)

@@ -254,14 +254,7 @@ def main() -> None:
             f"{f['reward_rise']:+.3f}, judge rise {f['judge_rise']:+.3f}"
         )
 
-    runs = lab.run_jobs(
-        jobs,
-        n_jobs=a.jobs,
-        fresh=a.fresh,
-        commit=a.commit,
-        recorded_only=a.recorded_only,
-        on_done=lab.progress(36, describe),
-    )
+    runs = lab.run_from_args(jobs, a, lab.progress(36, describe))
     t = table(runs, names, seeds)
     md = markdown(t, seeds, a.steps)
     lab.write_results(a.out, {"steps": a.steps, "seeds": seeds, **t}, md, a.markdown)

@@ -132,14 +132,7 @@ def main() -> None:
         return (f"gain {x['gain']:+.3f}, reward {x['reward_change']:+.2f}, diversity "
                 f"{x['diversity_kept']:.0%} {'/'.join(x['failed']) or 'ok'}")  # fmt: skip
 
-    runs = lab.run_jobs(
-        jobs,
-        n_jobs=a.jobs,
-        fresh=a.fresh,
-        commit=a.commit,
-        recorded_only=a.recorded_only,
-        on_done=lab.progress(24, describe),
-    )
+    runs = lab.run_from_args(jobs, a, lab.progress(24, describe))
     rows = table(runs, names)
     lab.write_results(a.out, {"config": CONFIG, "steps": a.steps, "rows": rows},
                       markdown(rows, a.steps), a.markdown)  # fmt: skip

@@ -245,6 +245,23 @@ def run_jobs(
     return [found[j] for j in jobs]
 
 
+def run_from_args(
+    jobs: Sequence[Job],
+    a: argparse.Namespace,
+    on_done: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`run_jobs` with the experiment's flags (:func:`experiment_parser`'s ``--jobs``,
+    ``--fresh``, ``--commit``, ``--recorded-only``)."""
+    return run_jobs(
+        jobs,
+        n_jobs=a.jobs,
+        fresh=a.fresh,
+        commit=a.commit,
+        recorded_only=a.recorded_only,
+        on_done=on_done,
+    )
+
+
 def _pretrain(jobs: Sequence[Job]) -> None:
     """Pre-train (or load) each distinct world's base model (and the world's own reward model,
     where it has one) once, before the workers race for the model cache."""
