@@ -60,8 +60,11 @@ def per_run(r: dict) -> dict:
     if kept < KEEP_DIVERSITY:
         failed.append(f"diversity < {KEEP_DIVERSITY:.0%}")
     timely = [k for k, s in first.items() if isinstance(s, int | float) and s < ALARM_BY]
+    # the probe alarms compare with the base's own probe, drawn twice at step 0: a run recorded
+    # before they landed has no second draw and cannot be judged by them
+    judged = any(k.startswith("probe/se/") for row in r.get("rows", []) for k in row)
     return {"seed": r["seed"], "gain": gain, "reward_change": reward, "diversity_kept": kept,
-            "failed": failed, "alarms": first, "timely_alarms": timely}  # fmt: skip
+            "failed": failed, "alarms": first, "timely_alarms": timely, "judged": judged}  # fmt: skip
 
 
 def table(runs: list[dict], names: list[str]) -> list[dict]:
@@ -71,12 +74,13 @@ def table(runs: list[dict], names: list[str]) -> list[dict]:
         if not rs:
             continue
         gains = [x["gain"] for x in rs]
-        failed = [x for x in rs if x["failed"]]
-        healthy = [x for x in rs if not x["failed"]]
+        failed = [x for x in rs if x["failed"] and x["judged"]]
+        healthy = [x for x in rs if not x["failed"] and x["judged"]]
         paired = lab.paired(runs, n, names[0], lambda r: lab.score(r)) if n != names[0] else []
         rows.append({
             "variant": n, "overrides": VARIANTS.get(n, []), "runs": rs,
-            "seeds": [x["seed"] for x in rs], "failed": len(failed),
+            "seeds": [x["seed"] for x in rs], "failed": sum(bool(x["failed"]) for x in rs),
+            "judged_failed": len(failed), "judged_healthy": len(healthy),
             "gain": lab.interval(gains) if gains else None,
             "min_gain": min(gains), "reward_rises": sum(x["reward_change"] > 0 for x in rs),
             "min_diversity_kept": min(x["diversity_kept"] for x in rs),
@@ -93,7 +97,8 @@ def markdown(rows: list[dict], steps: int) -> str:
         f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
         "torch thread (world: shapes, this machine's rounding). Failed = below base, learned "
         f"reward falls, or under {KEEP_DIVERSITY:.0%} of the base's pairwise diversity. "
-        f"Alarms: failed runs caught before step {ALARM_BY} / healthy runs alarmed.",
+        f"Alarms (runs recorded with the probe alarms only): failed runs caught before step "
+        f"{ALARM_BY} / healthy runs alarmed.",
         "",
         "| variant | seeds | failed | gain (95% CI) | min gain | reward rises | diversity kept "
         "(mean, min) | paired vs first | alarms: caught / false |",
@@ -106,8 +111,8 @@ def markdown(rows: list[dict], steps: int) -> str:
         out.append(
             f"| {r['variant']} | {n} | {r['failed']} | {gain} | {r['min_gain']:+.3f} | "
             f"{r['reward_rises']}/{n} | {r['mean_diversity_kept']:.0%}, "
-            f"{r['min_diversity_kept']:.0%} | {pv} | {r['failed_caught']}/{r['failed']} / "
-            f"{r['healthy_alarmed']}/{n - r['failed']} |"
+            f"{r['min_diversity_kept']:.0%} | {pv} | {r['failed_caught']}/{r['judged_failed']} / "
+            f"{r['healthy_alarmed']}/{r['judged_healthy']} |"
         )
     out += ["", "Per seed (gain, reward change, diversity kept, failures, alarms' first step):", ""]
     for r in rows:
