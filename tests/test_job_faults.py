@@ -128,12 +128,16 @@ class Head:
         cmd = ["bash", str(ROOT / "deploy" / "submit.sh"), "--address", self.url]
         cmd += ["--submission-id", sub_id, "--no-wait", "--", *args]
         deadline = time.monotonic() + 120
-        while True:  # a head just started may have no job agent up yet
+        while True:  # a head just started may have no job agent (or dashboard route) up yet:
+            # its refusals vary ("No available agent", a 5xx, a reset connection), so any failed
+            # submit is tried again until the deadline; one that got through before failing
+            # leaves the submission id taken, which is the job we asked for
             out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
-            if "No available agent" not in out.stderr or time.monotonic() > deadline:
+            taken = out.returncode != 0 and "already exists" in out.stderr
+            if out.returncode == 0 or taken or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.returncode == 0 or taken, out.stderr[-3000:]
 
     def ray_job(self, *args: str) -> str:
         """``ray job ARGS --address ...``: its output."""
