@@ -359,6 +359,21 @@ class TrainConfig(Strict):
             "logits move a summed log-prob by ~1e-2)"
         ),
     )
+    likelihood_guidance_scale: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "the guidance of the trained likelihood (the ratio, its old log-probs and the KL "
+            "term): null: the rollout's (rollout.guidance_scale, the sampler's own likelihood); "
+            "a number: the learner scores every transition with this guidance instead, 0: the "
+            "conditional logits alone (DanceGRPO trains without guidance, arXiv 2505.07818; "
+            "one forward per pair instead of two). The rollout's cached log-probs are then of "
+            "another likelihood: the learner recomputes the old log-probs of the trained pairs "
+            "before the update (no gradient, one more forward pass per pair), so the first "
+            "ratio is 1 and the clip is against the weights the update starts from (with "
+            "rollout.max_policy_lag > 0 the lag's importance correction is then not applied)"
+        ),
+    )
     trajectory_shrinkage: int = Field(
         1,
         ge=1,

@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -299,7 +300,11 @@ def apply_update(
     opt.module.train()
     plan = plan.resolved(batch)
     rollout_logp = batch.old_logp  # the on-policy check's reference, whatever is recomputed
-    if s.shrinkage > 1 and batch.estimator == "trajectory":
+    g = s.likelihood_guidance_scale
+    reguided = g is not None and g != batch.guidance_scale
+    if g is not None and reguided:  # train.likelihood_guidance_scale: ratio, old log-probs, KL
+        batch = replace(batch, guidance_scale=g)
+    if reguided or (s.shrinkage > 1 and batch.estimator == "trajectory"):
         batch = shrunk_old_log_probs(
             opt.module,
             batch,
@@ -310,6 +315,8 @@ def apply_update(
             # every set's micro-batches number at most num_backward on any rank
             num_forward=num_backward if opt.collective_forward else 0,
         )
+    if reguided:  # the rollout's log-probs are of the guided likelihood: nothing to compare
+        rollout_logp = batch.old_logp  # the check then sees the learner's own round-off
     metrics: dict[str, Any] = {}
     first: dict[str, float] = {}
     for i in range(s.updates_per_batch):

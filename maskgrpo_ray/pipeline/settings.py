@@ -89,6 +89,8 @@ class UpdateSettings:
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
     auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
     shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
+    # the trained likelihood's guidance (train.likelihood_guidance_scale); None: the rollout's
+    likelihood_guidance_scale: float | None = None
 
 
 @dataclass(frozen=True)
