@@ -48,3 +48,14 @@ def test_a_figure_that_tells_the_failed_runs_apart_has_auc_one():
     sep = {s["figure"]: s for s in a["separation"]}
     assert sep["probe/kl"]["auc"] == 1.0 and sep["update/grad_norm"]["auc"] == 0.5
     assert a["separation"][0]["auc"] in (0.0, 1.0)  # the strongest first
+
+
+def test_the_sweeps_gain_se_is_binomial_per_tag_by_hand():
+    from bench import recipe_sweep as rs
+    from maskgrpo_ray.worlds.shapes.scenes import EVAL_PER_TAG
+
+    acc = {f"eval_accuracy/{t}": 0.5 for t in EVAL_PER_TAG}
+    r = {"config": rs.CONFIG, "overrides": ["eval.samples_per_prompt=4"], "base": acc, "final": acc}
+    var = sum(0.5 / (n * 4) for n in EVAL_PER_TAG.values())
+    assert math.isclose(rs.gain_se(r), var**0.5 / len(EVAL_PER_TAG))
+    assert math.isnan(rs.gain_se({**r, "final": {}}))
