@@ -234,9 +234,10 @@ class RayExecutor:
         """Held-out evaluation spread over every rollout actor: fixed-seed units
         (``evaluation.generation``), so the figures do not depend on the actor count; per
         GenEval tag too when ``tags`` (one per prompt) are given. ``probe``: the image
-        statistics too (the rollout actors hold no base: no KL, ``eval_kl`` absent)."""
+        statistics too, and the KL to the base each rollout actor keeps
+        (``EvalSettings.probe_kl``)."""
         units = make_units(prompts, self.settings.eval)
-        per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
+        per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u, probe))
         return summarize(per_unit, tags, PROBE_FIGURES if probe else ())
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
