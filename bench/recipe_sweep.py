@@ -86,7 +86,7 @@ def per_run(r: dict) -> dict:
     first = {k: v["first_step"] for k, v in alarms.items() if v.get("first_step") is not None}
     se = gain_se(r)
     failed = []
-    if gain < -NOISE_SE * se:
+    if gain < (-NOISE_SE * se if se == se else 0.0):  # no per-tag figures: any loss
         failed.append("below base")
     if reward < 0:
         failed.append("reward falls")

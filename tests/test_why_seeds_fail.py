@@ -59,3 +59,19 @@ def test_the_sweeps_gain_se_is_binomial_per_tag_by_hand():
     var = sum(0.5 / (n * 4) for n in EVAL_PER_TAG.values())
     assert math.isclose(rs.gain_se(r), var**0.5 / len(EVAL_PER_TAG))
     assert math.isnan(rs.gain_se({**r, "final": {}}))
+
+
+def test_alarm_calibration_counts_caught_and_false_alarms(monkeypatch):
+    from bench import alarm_calibration as ac
+    from maskgrpo_ray.runlog.probe_alarms import ProbeRules
+
+    recs = [_record(0.1, 0.05, -0.2), _record(0.1, 0.05, -0.2), _record(0.1, 0.0, 0.2)]
+    for i, r in enumerate(recs):
+        r["seed"] = i
+    # seed 0 (failed) alarmed at 10, seed 1 (failed) only at 50, seed 2 (healthy) at 30
+    firsts = {0: {"judge_drop": 10}, 1: {"reward_drop": 50}, 2: {"probe_drift": 30}}
+    monkeypatch.setattr(ac, "replay_alarms", lambda rows, rules: firsts[rows[0]["seed"]])
+    for i, r in enumerate(recs):
+        r["rows"][0]["seed"] = i
+    s = ac.score(recs, ProbeRules())
+    assert (s["caught"], s["failed"], s["false"], s["healthy"]) == (1, 2, 1, 1)
