@@ -25,6 +25,7 @@ from maskgrpo_ray.algo.grpo import (
 )
 from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.pipeline.ema import ParameterEma
 from maskgrpo_ray.pipeline.learner_loss import (
     Anchor,
     accumulate_gradients,
@@ -275,6 +276,7 @@ def apply_update(
     ref_policy: MaskedImagePolicy | None = None,
     normalizer: float | None = None,
     num_backward: int = 0,
+    ema: ParameterEma | None = None,
 ) -> dict[str, Any]:
     """``updates_per_batch`` optimizer steps on ``batch`` (the clipped GRPO objective).
 
@@ -287,6 +289,8 @@ def apply_update(
         normalizer: pairs of the whole update per rank (``M / W``); None: this batch's pairs.
         num_backward: backward calls per optimizer step on every rank; this process pads
             with zero-loss backwards up to it (0: no padding).
+        ema: the weights' moving average (``train.ema_decay``), updated after every optimizer
+            step; its ``ema/*`` figures join the metrics (None: none here).
 
     Returns:
         The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
@@ -317,6 +321,8 @@ def apply_update(
             opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward,
             rollout_logp,
         )  # fmt: skip
+        if ema is not None:
+            metrics.update(ema.update(opt.module))
         if i == 0:
             first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
     opt.module.eval()

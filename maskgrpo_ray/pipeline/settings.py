@@ -89,6 +89,7 @@ class UpdateSettings:
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
     auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
     shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
+    ema_decay: float = 0.0  # d of the weights' moving average (pipeline.ema); 0: none
 
 
 @dataclass(frozen=True)
