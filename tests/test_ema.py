@@ -303,3 +303,33 @@ def test_ray_evaluates_the_same_ema_as_local(tmp_path, monkeypatch):
     assert wa.keys() == wb.keys()
     worst, key_bias = _weight_gaps(wa, wb)  # the EMA mixes the live weights: the same bounds
     assert worst <= WEIGHT_ATOL and key_bias <= 4e-3, (worst, key_bias)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ray_resume_continues_learner_rank_0s_ema(tmp_path, monkeypatch):
+    """The Ray checkpoint keeps rank 0's EMA (``learner/ema.pt``, from the asynchronous
+    snapshot); a run cut at step 3 and resumed from step 2 ends with the uninterrupted run's."""
+    from tiny_runs import ONE_OF_EACH
+
+    monkeypatch.setenv("MASKGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    on = [*RUN, *ONE_OF_EACH, f"train.ema_decay={DECAY}", "run.checkpoint_async=true"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(train_argv(full, on, backend="ray")) == 0
+    with crash_at_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        main(train_argv(cut, on, backend="ray"))
+    assert main(["train", "--resume", str(cut)]) == 0
+
+    def ema(run: Path) -> dict:
+        path = run / "checkpoints" / "step_000004" / "learner" / "ema.pt"
+        return torch.load(path, weights_only=True)
+
+    a, b = ema(full), ema(cut)
+    assert a["updates"] == b["updates"] == 4
+    for n, s in a["shadow"].items():  # DeepSpeed's restored optimizer: round-off at most
+        torch.testing.assert_close(b["shadow"][n], s, rtol=0, atol=1e-6)
+    ra, rb = _rows(full), _rows(cut)
+    assert [r["ema/distance"] for r in ra] == pytest.approx([r["ema/distance"] for r in rb])
+    fa = load_file(str(full / "final_policy.safetensors"))
+    assert all(torch.equal(fa[n], a["shadow"][n]) for n in fa)  # the export is the EMA
