@@ -8,6 +8,7 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, probe_kl
 from maskgrpo_ray.models.base import prompt_problems
 from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.pipeline.data_plane import RolloutMeta
+from maskgrpo_ray.pipeline.ema import swapped_in
 from maskgrpo_ray.pipeline.learner_core import frozen_base
 from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
 from maskgrpo_ray.pipeline.phases import generate, score
@@ -149,24 +151,45 @@ class RolloutActor(PoolActor):
         batch = self.generate(prompts, positions, seed)
         return RolloutMeta.of(batch), batch.without_images(), batch.images
 
-    def eval_unit(self, unit: EvalUnit, probe: bool = False) -> dict[str, torch.Tensor]:
-        """One evaluation unit with the current weights, scored with the training reward:
-        per-sample ``reward`` (and ``accuracy``) ``[N]`` (``evaluation.generation``);
-        ``probe``: the KL to the base too (``kl`` ``[N]``), where the actor keeps one."""
+    def _weights(
+        self, weights: dict[str, torch.Tensor] | None
+    ) -> contextlib.AbstractContextManager[None]:
+        """A block with ``weights`` in the policy (the learner's EMA, ``train.ema_decay``) and
+        this actor's own weights back after it, bit for bit; None: its own throughout. The
+        actor runs one call at a time: no rollout ever sees the swapped weights."""
+        return contextlib.nullcontext() if weights is None else swapped_in(self.policy, weights)
+
+    def eval_unit(
+        self, unit: EvalUnit, weights: dict[str, torch.Tensor] | None = None, probe: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """One evaluation unit with the current weights (or ``weights`` for this call), scored
+        with the training reward: per-sample ``reward`` (and ``accuracy``) ``[N]``
+        (``evaluation.generation``); ``probe``: the KL of those weights to the base too
+        (``kl`` ``[N]``), where the actor keeps one."""
         if self._eval_reward is None:
             self._eval_reward = build_reward_from_settings(
                 self.reward_settings, self.device, evaluation=True
             )
-        batch = generate_unit(self.policy, unit, self.evaluation)
+        kl = None
+        with self._weights(weights):
+            batch = generate_unit(self.policy, unit, self.evaluation)
+            if probe and self.base is not None:
+                kl = probe_kl(self.policy, self.base, batch)
         out = unit_rewards(self._eval_reward, batch, self.prompt_meta)
-        if probe and self.base is not None:
-            out["kl"] = probe_kl(self.policy, self.base, batch)
+        if kl is not None:
+            out["kl"] = kl
         return out
 
-    def eval_images(self, unit: EvalUnit, settings: EvalSettings) -> torch.Tensor:
-        """A unit's images with the current weights under ``settings`` (``grid_unit``): uint8
-        ``[N, H, W, 3]``, prompt-major."""
-        return generate_unit(self.policy, unit, settings).images
+    def eval_images(
+        self,
+        unit: EvalUnit,
+        settings: EvalSettings,
+        weights: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """A unit's images with the current weights (or ``weights`` for this call) under
+        ``settings`` (``grid_unit``): uint8 ``[N, H, W, 3]``, prompt-major."""
+        with self._weights(weights):
+            return generate_unit(self.policy, unit, settings).images
 
     def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
         """One step-signal probe batch (``loop.step_signal_probe``): a training rollout of the chunk

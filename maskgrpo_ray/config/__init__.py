@@ -251,7 +251,8 @@ def _gdpo_rules(cfg: Config) -> None:
 
 def _lever_rules(cfg: Config) -> None:
     """Lever combinations that cannot work (issue 53): a KL to a base that was never trained,
-    an alarm that stops the run with no monitor or probe to trip it."""
+    an EMA of ZeRO-3 partitions, an alarm that stops the run with no monitor or probe to trip
+    it."""
     t, m = cfg.train, cfg.model
     steps = {"toy": m.toy.pretrain_steps, "shapes": m.shapes.pretrain_steps}.get(m.kind)
     if (t.kl_coef > 0 or t.anchor_kl_coef > 0) and steps == 0:
@@ -260,6 +261,12 @@ def _lever_rules(cfg: Config) -> None:
             f"model.{m.kind}.pretrain_steps=0: the base is untrained random weights, so the KL "
             "holds the policy to noise; pre-train the base (pretrain_steps > 0) or set the KL "
             "coefficients to 0"
+        )
+    if t.ema_decay > 0 and cfg.learner.zero_stage == 3:
+        raise ValueError(
+            f"train.ema_decay={t.ema_decay} with learner.zero_stage=3: the EMA is kept of whole "
+            "parameters, which ZeRO-3 partitions over the ranks (never gathered for it); use "
+            "learner.zero_stage 0-2, or set train.ema_decay 0"
         )
     mon = cfg.logging.monitors
     probing = mon.enabled and mon.probe_prompts > 0 and mon.probe_every_steps > 0

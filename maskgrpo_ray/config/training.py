@@ -250,6 +250,20 @@ class TrainConfig(Strict):
         description="clamp every advantage to [-c, c] after train.advantage and train.diversity "
         "(Flow-GRPO clips at 5); 0: no clip",
     )
+    ema_decay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "d of an exponential moving average of the trained tensors (LoRA: the adapter's), "
+            "as Flow-GRPO's EMAModuleWrapper (github.com/yifan123/flow_grpo, flow_grpo/ema.py; "
+            "decay 0.9 in scripts/train_sd3.py): after the n-th optimizer step ema <- d_n ema + "
+            "(1 - d_n) theta, d_n = min(d, (1 + n) / (10 + n)) (its warm-up). Rollouts keep the "
+            "live policy; the held-out evaluation, the monitor probe, the per-tag grids, the "
+            "exported policy and a checkpoint's adapter use the EMA; checkpoints keep it; "
+            "ema/distance logs ||EMA - live||. 0: off (Flow-GRPO: 0.9)"
+        ),
+    )
     diversity: DiversityConfig = Field(
         default_factory=DiversityConfig, description="diversity-aware advantages"
     )

@@ -86,7 +86,9 @@ class Executor(GroupWork, Protocol):
         per-tag grid, ``evaluation.generation.grid_unit``): uint8 ``[N, H, W, 3]``."""
 
     def policy_state(self) -> dict[str, torch.Tensor]:
-        """The learner's trained tensors on the CPU (what a weight sync sends)."""
+        """The learner's trained tensors on the CPU (what a weight sync sends), or their EMA
+        under ``train.ema_decay``: the policy a run evaluates, checkpoints as an adapter and
+        exports (``evaluate`` and ``eval_images`` use the EMA too; rollouts never do)."""
 
     def extra_metrics(self) -> dict[str, float]: ...
 

@@ -3,6 +3,7 @@ system is measured against, and the engine of the tests and ablations."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
 from maskgrpo_ray.pipeline.build import attach_judge
 from maskgrpo_ray.pipeline.data_plane import Traffic
 from maskgrpo_ray.pipeline.diagnostics import half_batch_cosine, trained_parameters, update_size
+from maskgrpo_ray.pipeline.ema import ParameterEma
 from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
@@ -39,7 +41,9 @@ class LocalExecutor:
 
     Rollouts are cut into the chunks a Ray run with the same config would send to its rollout
     actors, each generated with its chunk's seed, so a run here is the reference of the
-    distributed one (lag 0 and lag 1 alike)."""
+    distributed one (lag 0 and lag 1 alike). With ``train.ema_decay`` the weights' moving
+    average (``pipeline.ema``) is what evaluation, the grids and the export see; rollouts and
+    updates keep the live weights."""
 
     runs_ahead = False  # a submission ahead runs at once, before the update
 
@@ -55,6 +59,7 @@ class LocalExecutor:
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
         self.planner = UpdatePlanner(up)
         self.ref_policy = reference_policy(up, policy)
+        self.ema = ParameterEma(policy, up.ema_decay) if up.ema_decay > 0 else None
         # the base the monitor probe's KL is measured against: the KL term's reference, else a
         # frozen copy taken now, before any update or checkpoint load (logging.monitors.probe_kl)
         self.probe_base = self.ref_policy
@@ -136,7 +141,7 @@ class LocalExecutor:
             cos = half_batch_cosine(self.policy, batch, units, up, self.ref_policy)
             extra["diag/grad_half_cosine"] = cos
             before = [p.detach().clone() for p in trained_parameters(self.policy)]
-        m = apply_update(self.optimizing, batch, plan, up, ref_policy=self.ref_policy)
+        m = apply_update(self.optimizing, batch, plan, up, ref_policy=self.ref_policy, ema=self.ema)
         if before is not None:
             extra["diag/update_over_lr"] = update_size(before, self.policy, plan.learning_rate)
         self.policy_version += 1
@@ -145,29 +150,40 @@ class LocalExecutor:
     def sync_weights(self) -> float:
         return 0.0  # the rollout uses the learner's weights directly
 
+    def _evaluated(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the policy holds the weights evaluation sees: the EMA, else live."""
+        return self.ema.applied(self.policy) if self.ema is not None else contextlib.nullcontext()
+
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
+        """Held-out evaluation (``evaluation.generation.evaluate_rewards``) of the EMA, else
+        of the live weights."""
         if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
             device = next(self.policy.parameters()).device
             self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
-        return evaluate_rewards(
-            self.policy,
-            self._eval_reward,
-            prompts,
-            self.settings.eval,
-            tags,
-            self.prompt_meta,
-            probe=probe,
-            base=self.probe_base if probe else None,
-        )
+        with self._evaluated():
+            return evaluate_rewards(
+                self.policy,
+                self._eval_reward,
+                prompts,
+                self.settings.eval,
+                tags,
+                self.prompt_meta,
+                probe=probe,
+                base=self.probe_base if probe else None,
+            )
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``)."""
         unit, settings = grid_unit(prompts, self.settings.eval)
-        return generate_unit(self.policy, unit, settings).images
+        with self._evaluated():
+            return generate_unit(self.policy, unit, settings).images
 
     def policy_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors the run exports (the EMA under ``train.ema_decay``)."""
+        if self.ema is not None:
+            return self.ema.weights(self.policy)
         return {
             n: p.detach().cpu().clone()
             for n, p in self.policy.named_parameters()
@@ -194,6 +210,7 @@ class LocalExecutor:
                     "torch": torch.get_rng_state(),
                     "policy_version": self.policy_version,
                 },
+                **({"ema.pt": self.ema.state_dict()} if self.ema is not None else {}),
             }
         )
 
@@ -211,6 +228,10 @@ class LocalExecutor:
         self.planner.load_state(state["step_generator"])
         torch.set_rng_state(state["torch"])
         self.policy_version = int(state["policy_version"])
+        if self.ema is not None:
+            path = folder / "ema.pt"
+            ema = load_torch_file(path, "a checkpoint's EMA") if path.exists() else None
+            self.ema.resume(self.policy, ema, str(folder))
 
     def shutdown(self) -> None:
         pass

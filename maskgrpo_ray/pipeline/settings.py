@@ -94,6 +94,7 @@ class UpdateSettings:
     shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
     # the trained likelihood's guidance (train.likelihood_guidance_scale); None: the rollout's
     likelihood_guidance_scale: float | None = None
+    ema_decay: float = 0.0  # d of the weights' moving average (pipeline.ema); 0: none
 
 
 @dataclass(frozen=True)
