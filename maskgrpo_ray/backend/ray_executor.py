@@ -185,6 +185,10 @@ class RayExecutor:
         self.last_sync_bytes = rep.bytes_per_target
         return rep.seconds
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """``reward.refresh`` is the local backend's only: the config refuses it on Ray."""
+        return {}
+
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Learner rank 0's trained tensors, fetched into the driver (once, at the run's end)."""
         return ray.get(self.learner.weights_ref(), timeout=self.timeout_s)
