@@ -40,6 +40,15 @@ VARIANTS: dict[str, list[str]] = {
     "KL 0.01": ["train.kl_coef=0.01"],
     "updates 2 (clip acts)": ["train.updates_per_batch=2"],
     "B 16": ["train.prompts_per_step=16"],
+    # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
+    # reference renders against that step's samples, its own AdamW, its grammar replayed
+    "reward refresh": [
+        "reward.refresh.enabled=true",
+        "reward.refresh.every_steps=1",
+        "reward.refresh.updates=2",
+        "reward.refresh.learning_rate=1e-4",
+        "reward.refresh.replay_weight=1.0",
+    ],
 }
 
 

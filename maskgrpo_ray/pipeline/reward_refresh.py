@@ -22,7 +22,12 @@ from maskgrpo_ray.config.refresh import RewardRefreshConfig
 from maskgrpo_ray.errors import UserError
 from maskgrpo_ray.pipeline.messages import RolloutBatch
 from maskgrpo_ray.pipeline.settings import component_name
-from maskgrpo_ray.rewards.base import CompositeReward, RefreshableReward, reward_refreshes
+from maskgrpo_ray.rewards.base import (
+    CompositeReward,
+    RefreshableReward,
+    Reward,
+    reward_refreshes,
+)
 
 STATE_FILE = "reward_refresh.pt"  # in a checkpoint folder: the refreshed reward and optimiser
 
@@ -46,15 +51,19 @@ def check_reward_refresh(cfg: Config) -> None:
 class RewardRefresher:
     """The refreshed component of a run's reward, its frozen original and its schedule."""
 
-    def __init__(self, settings: RewardRefreshConfig, reward: CompositeReward, run_seed: int):
+    def __init__(
+        self, settings: RewardRefreshConfig, reward: CompositeReward, run_seed: int
+    ) -> None:
         part = reward.rewards.get(settings.component)
         if not isinstance(part, RefreshableReward):
             raise UserError(
                 f"reward.refresh.component={settings.component!r}: no refreshable component of "
                 f"that name in the reward (parts: {sorted(reward.rewards)})"
             )
-        self.settings, self.run_seed, self.part = settings, run_seed, part
-        self.frozen = part.frozen_copy()  # before any refresh: what evaluation scores with
+        self.settings: RewardRefreshConfig = settings
+        self.run_seed: int = run_seed
+        self.part: RefreshableReward = part
+        self.frozen: Reward = part.frozen_copy()  # before any refresh: what evaluation scores with
         part.start_refresh(settings)
 
     def due(self, step: int) -> bool:
