@@ -72,6 +72,15 @@ VARIANTS: dict[str, list[str]] = {
     "B 16": ["train.prompts_per_step=16"],
     "unguided likelihood": ["train.likelihood_guidance_scale=0"],
     "lr 2e-4 unguided": ["train.learning_rate=2e-4", "train.likelihood_guidance_scale=0"],
+    # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
+    # reference renders against that step's samples, its own AdamW, its grammar replayed
+    "reward refresh": [
+        "reward.refresh.enabled=true",
+        "reward.refresh.every_steps=1",
+        "reward.refresh.updates=2",
+        "reward.refresh.learning_rate=1e-4",
+        "reward.refresh.replay_weight=1.0",
+    ],
 }
 
 

@@ -188,6 +188,10 @@ class RayExecutor:
         self.last_sync_bytes = rep.bytes_per_target
         return rep.seconds
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """``reward.refresh`` is the local backend's only: the config refuses it on Ray."""
+        return {}
+
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Learner rank 0's trained tensors (their EMA under ``train.ema_decay``), fetched into
         the driver (at the run's end; a LoRA run's checkpoints too)."""

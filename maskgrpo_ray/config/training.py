@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.refresh import RewardRefreshConfig
 
 
 class RewardComponent(Strict):
@@ -67,6 +68,11 @@ class RewardConfig(Strict):
         description="a term mean - k * std (or min) over several reward components of weight 0, "
         "added to the weighted sum with its own weight (a defense against reward hacking: "
         "docs/monitors.md); None: none",
+    )
+    refresh: RewardRefreshConfig = Field(
+        default_factory=RewardRefreshConfig,
+        description="the learned reward keeps training during RL on reference renders against "
+        "the policy's samples (Adv-GRPO; see reward.refresh)",
     )
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")

@@ -74,6 +74,10 @@ class Executor(GroupWork, Protocol):
 
     def sync_weights(self) -> float: ...
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """After step ``step``'s update: ``reward.refresh``'s training of the learned reward on
+        the step's samples ``scored`` when due (``pipeline.reward_refresh``); its figures."""
+
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:

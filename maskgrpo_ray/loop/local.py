@@ -30,8 +30,9 @@ from maskgrpo_ray.pipeline.learner_core import (
     frozen_base,
     reference_policy,
 )
-from maskgrpo_ray.pipeline.messages import ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch, TrainBatch
 from maskgrpo_ray.pipeline.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.pipeline.reward_refresh import STATE_FILE, make_refresher, refresh_state_path
 from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.weights.safe_files import load_torch_file
 
@@ -74,6 +75,7 @@ class LocalExecutor:
         self.policy_version = 0
         self.prompt_meta: dict[str, Any] | None = None
         self._eval_reward: Any = None
+        self.refresher = make_refresher(cfg, reward)  # reward.refresh; None: off
 
     def set_prompt_metadata(self, table: dict[str, Any]) -> None:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
@@ -154,6 +156,14 @@ class LocalExecutor:
         """A block in which the policy holds the weights evaluation sees: the EMA, else live."""
         return self.ema.applied(self.policy) if self.ema is not None else contextlib.nullcontext()
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """``reward.refresh``: the learned reward trains on this step's samples when due."""
+        if self.refresher is None or scored is None:
+            return {}
+        rollout = scored.rollout
+        assert isinstance(rollout, RolloutBatch)  # one process: the images are here
+        return self.refresher(step, rollout)
+
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
@@ -161,7 +171,10 @@ class LocalExecutor:
         of the live weights."""
         if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
             device = next(self.policy.parameters()).device
-            self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
+            reward = self.reward  # a refreshed component is evaluated as loaded (frozen)
+            if self.refresher is not None:
+                reward = self.refresher.eval_reward(reward)
+            self._eval_reward = attach_judge(reward, self.settings.reward, device)
         with self._evaluated():
             return evaluate_rewards(
                 self.policy,
@@ -213,6 +226,8 @@ class LocalExecutor:
                 **({"ema.pt": self.ema.state_dict()} if self.ema is not None else {}),
             }
         )
+        if self.refresher is not None:  # the refreshed reward and its optimiser
+            state[STATE_FILE] = host_copy(self.refresher.state_dict())
 
         def write(folder: Path) -> None:
             for name, part in state.items():
@@ -232,6 +247,9 @@ class LocalExecutor:
             path = folder / "ema.pt"
             ema = load_torch_file(path, "a checkpoint's EMA") if path.exists() else None
             self.ema.resume(self.policy, ema, str(folder))
+        if self.refresher is not None:
+            path = refresh_state_path(folder)  # the refreshed reward and its optimiser
+            self.refresher.load_state_dict(load_torch_file(path, "a checkpoint's reward refresh"))
 
     def shutdown(self) -> None:
         pass
