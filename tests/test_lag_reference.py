@@ -116,10 +116,13 @@ def test_ray_run_equals_the_local_run(tmp_path, monkeypatch, lag, extra):
         watched = {k for k in ra if k.startswith(MONITORED)}
         assert watched == {k for k in rb if k.startswith(MONITORED)}
         for key in watched:  # None: NaN both ways (e.g. no group to rank)
-            want = None if rb[key] is None else pytest.approx(rb[key], rel=1e-6, abs=1e-9)
+            # the KL near 0 is a difference of summed log-probs: the weights' round-off
+            # between the backends moves it by ~1e-8 absolute, a large share of it
+            tol = 1e-6 if key.endswith("/kl") else 1e-9
+            want = None if rb[key] is None else pytest.approx(rb[key], rel=1e-6, abs=tol)
             assert ra[key] == want, (ra["step"], key, ra[key], rb[key])
     assert any("monitor/drift/dark" in r for r in a) and "probe/judge" in a[2]
-    assert "probe/kl" in a[2] and "probe/kl" in b[2] and a[2]["probe/kl"] > 0
+    assert "probe/kl" in a[2] and "probe/kl" in b[2] and a[2]["probe/kl"] != 0  # k1: any sign
     if extra:
         assert all("agreement/s_vs_c" in r for r in a)
     # the on-policy check: at the same steps (lag 0) on both backends, the ratio 1 in both
