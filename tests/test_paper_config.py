@@ -143,3 +143,17 @@ def test_no_real_model_config_ships_a_recipe_without_evidence(path):
         )
     assert cfg.evidence.source != "proxy_toy", f"{path.name}: the toy is no evidence for it"
     assert cfg.train.prompts_per_step == 16 and cfg.rollout.samples_per_prompt == 6
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in _real_model_configs() if "showo" in p.name], ids=lambda p: p.name
+)
+def test_the_show_o_configs_say_what_the_shapes_world_measured_on_their_levers(path):
+    """Issue 53: where the shapes world's robust-recipe sweep measured a lever the Show-o configs
+    share (the learning rate, the trained likelihood's guidance), the planner's evidence line
+    says so, naming the world, and what the file keeps."""
+    ev = load_config(path).evidence
+    assert "shapes world (proxy" in ev.levers and "learning rate" in ev.levers
+    assert ev.line().endswith(f"shared levers: {ev.levers}")
+    if ev.source == "paper":  # the paper's figure stays first: the proxy never replaces it
+        assert ev.line().startswith("paper: ")

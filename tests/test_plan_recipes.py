@@ -78,7 +78,7 @@ def test_the_plan_prints_the_recipes_evidence_beside_its_speed(capsys):
         "Evidence: paper: GenEval 0.66" in last and "(0.328 img/GPU/s)" in last
     )  # 0.827 at the stated MFUs
     assert main(["plan", "--config", "configs/showo_256_clip.yaml", "--gpus", "16"]) == 0
-    assert "Evidence: no quality evidence." in capsys.readouterr().out
+    assert "Evidence: no quality evidence; shared levers: shapes world" in capsys.readouterr().out
     # a --set that changes the recipe voids the file's evidence; plumbing does not
     subset = [
         "--set",

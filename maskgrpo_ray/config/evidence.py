@@ -45,6 +45,12 @@ class EvidenceConfig(Strict):
     reference: str = Field(
         "", description="where the figure is written (a paper's table, a doc's section)"
     )
+    levers: str = Field(
+        "",
+        description="what another world measured on a lever this recipe shares (learning rate, "
+        "EMA, KL, B, ...), naming the world, and what this file does with it; printed after "
+        "the evidence line (a proxy's finding never replaces a real model's figure)",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> EvidenceConfig:
@@ -63,9 +69,12 @@ class EvidenceConfig(Strict):
 
     def line(self) -> str:
         """One line: ``paper: GenEval 0.73 (...) [reference]``, or ``no quality evidence``."""
-        if self.source == "none":
-            return LABELS["none"]
-        return f"{LABELS[self.source]}: {self.quality} [{self.reference}]"
+        out = (
+            LABELS["none"]
+            if self.source == "none"
+            else f"{LABELS[self.source]}: {self.quality} [{self.reference}]"
+        )
+        return f"{out}; shared levers: {self.levers}" if self.levers else out
 
 
 # fields that do not change what a run learns: the cluster's shape, resources and bookkeeping
