@@ -51,7 +51,8 @@ def gain_se(r: dict) -> float:
     bound; NaN where the record has no per-tag accuracies."""
     from maskgrpo_ray.worlds.shapes.scenes import EVAL_PER_TAG
 
-    spp = _samples_per_prompt(r.get("config", CONFIG), tuple(r.get("overrides", [])))
+    over = (*lab.COMMON, *r.get("extra", []), *r.get("overrides", []))  # as the run had them
+    spp = _samples_per_prompt(r.get("config", CONFIG), tuple(over))
     var, tags = 0.0, 0
     for tag, n in EVAL_PER_TAG.items():
         key = f"eval_accuracy/{tag}"
