@@ -8,6 +8,7 @@ depend on which actor ran it (a re-issued chunk reproduces the lost one exactly)
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -21,10 +22,12 @@ from maskgrpo_ray.cluster.ray_metrics import process_metrics
 from maskgrpo_ray.cluster.weight_transfer import Channel, TensorMeta
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, unit_rewards
+from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, probe_kl, unit_rewards
 from maskgrpo_ray.models.base import prompt_problems
 from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.pipeline.data_plane import RolloutMeta
+from maskgrpo_ray.pipeline.ema import swapped_in
+from maskgrpo_ray.pipeline.learner_core import frozen_base
 from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch
 from maskgrpo_ray.pipeline.phases import generate, score
 from maskgrpo_ray.pipeline.settings import EvalSettings, RewardSettings, RolloutSettings
@@ -60,6 +63,9 @@ class RolloutActor(PoolActor):
         except UserError as err:  # raised from ready(): one line in the driver
             self.init_error = err
             return
+        # the probe's KL to the base (logging.monitors.probe_kl): the weights the actor was
+        # built with, frozen before any weight sync (a LoRA policy's: its adapter disabled)
+        self.base = frozen_base(self.policy) if evaluation.probe_kl else None
         self.version = 0
         self.chunks = 0
         self._eval_reward: Any = None
@@ -145,20 +151,45 @@ class RolloutActor(PoolActor):
         batch = self.generate(prompts, positions, seed)
         return RolloutMeta.of(batch), batch.without_images(), batch.images
 
-    def eval_unit(self, unit: EvalUnit) -> dict[str, torch.Tensor]:
-        """One evaluation unit with the current weights, scored with the training reward:
-        per-sample ``reward`` (and ``accuracy``) ``[N]`` (``evaluation.generation``)."""
+    def _weights(
+        self, weights: dict[str, torch.Tensor] | None
+    ) -> contextlib.AbstractContextManager[None]:
+        """A block with ``weights`` in the policy (the learner's EMA, ``train.ema_decay``) and
+        this actor's own weights back after it, bit for bit; None: its own throughout. The
+        actor runs one call at a time: no rollout ever sees the swapped weights."""
+        return contextlib.nullcontext() if weights is None else swapped_in(self.policy, weights)
+
+    def eval_unit(
+        self, unit: EvalUnit, weights: dict[str, torch.Tensor] | None = None, probe: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """One evaluation unit with the current weights (or ``weights`` for this call), scored
+        with the training reward: per-sample ``reward`` (and ``accuracy``) ``[N]``
+        (``evaluation.generation``); ``probe``: the KL of those weights to the base too
+        (``kl`` ``[N]``), where the actor keeps one."""
         if self._eval_reward is None:
             self._eval_reward = build_reward_from_settings(
                 self.reward_settings, self.device, evaluation=True
             )
-        batch = generate_unit(self.policy, unit, self.evaluation)
-        return unit_rewards(self._eval_reward, batch, self.prompt_meta)
+        kl = None
+        with self._weights(weights):
+            batch = generate_unit(self.policy, unit, self.evaluation)
+            if probe and self.base is not None:
+                kl = probe_kl(self.policy, self.base, batch)
+        out = unit_rewards(self._eval_reward, batch, self.prompt_meta)
+        if kl is not None:
+            out["kl"] = kl
+        return out
 
-    def eval_images(self, unit: EvalUnit, settings: EvalSettings) -> torch.Tensor:
-        """A unit's images with the current weights under ``settings`` (``grid_unit``): uint8
-        ``[N, H, W, 3]``, prompt-major."""
-        return generate_unit(self.policy, unit, settings).images
+    def eval_images(
+        self,
+        unit: EvalUnit,
+        settings: EvalSettings,
+        weights: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """A unit's images with the current weights (or ``weights`` for this call) under
+        ``settings`` (``grid_unit``): uint8 ``[N, H, W, 3]``, prompt-major."""
+        with self._weights(weights):
+            return generate_unit(self.policy, unit, settings).images
 
     def probe_chunk(self, prompts: list[str], positions: list[int], seed: int) -> ScoredBatch:
         """One step-signal probe batch (``loop.step_signal_probe``): a training rollout of the chunk

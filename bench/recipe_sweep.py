@@ -15,14 +15,15 @@ Per run: the judge's gain (the held-out GenEval proxy, ``eval_accuracy/tag_mean`
 base), the learned reward's held-out change (``eval_reward``, final minus base: GRPO lowering its
 own reward is a failure), the share of the base's pairwise layout diversity kept
 (``eval_diversity/pairwise``), and the alarms that fired with their first step. A run is
-*failed* when it ends below its base, its learned reward falls, or it keeps under 75% of its
-base's diversity. Per variant: how many seeds failed, the mean gain (95% t-interval), the paired
+*failed* when it ends below its base (by more than twice the evaluation's standard error,
+``gain_se``), its learned reward falls, or it keeps under 75% of its base's diversity. Per variant: how many seeds failed, the mean gain (95% t-interval), the paired
 gain against the first variant, and the alarms' record on the failed and the healthy runs (an
 alarm is *timely* when its first step is before 40).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 from bench import paper_table as pt
@@ -32,6 +33,35 @@ CONFIG = pt.CONFIG
 DEFAULT = "default (shapes.yaml)"
 KEEP_DIVERSITY = 0.75  # of the base's pairwise diversity
 ALARM_BY = 40  # an alarm before this step is in time
+NOISE_SE = 2.0  # a gain below -2 standard errors of the evaluation is below the base
+
+
+@functools.cache
+def _samples_per_prompt(config: str, overrides: tuple[str, ...]) -> int:
+    from maskgrpo_ray.config import load_config
+
+    return load_config(config, list(overrides)).eval.samples_per_prompt
+
+
+def gain_se(r: dict) -> float:
+    """The standard error of a run's judged gain (final minus base of the tags' mean accuracy),
+    binomial per tag: ``sqrt(sum_tag (p_b(1 - p_b) + p_f(1 - p_f)) / n_tag) / T`` over the T tags,
+    ``n_tag`` images each (the world's held-out prompts of the tag times
+    ``eval.samples_per_prompt``). Samples of one prompt are correlated, so this is a lower
+    bound; NaN where the record has no per-tag accuracies."""
+    from maskgrpo_ray.worlds.shapes.scenes import EVAL_PER_TAG
+
+    spp = _samples_per_prompt(r.get("config", CONFIG), tuple(r.get("overrides", [])))
+    var, tags = 0.0, 0
+    for tag, n in EVAL_PER_TAG.items():
+        key = f"eval_accuracy/{tag}"
+        if key not in r["base"] or key not in r["final"]:
+            return float("nan")
+        pb, pf = r["base"][key], r["final"][key]
+        var += (pb * (1 - pb) + pf * (1 - pf)) / (n * spp)
+        tags += 1
+    return var**0.5 / tags
+
 
 VARIANTS: dict[str, list[str]] = {
     DEFAULT: [],
@@ -40,6 +70,17 @@ VARIANTS: dict[str, list[str]] = {
     "KL 0.01": ["train.kl_coef=0.01"],
     "updates 2 (clip acts)": ["train.updates_per_batch=2"],
     "B 16": ["train.prompts_per_step=16"],
+    "unguided likelihood": ["train.likelihood_guidance_scale=0"],
+    "lr 2e-4 unguided": ["train.learning_rate=2e-4", "train.likelihood_guidance_scale=0"],
+    # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
+    # reference renders against that step's samples, its own AdamW, its grammar replayed
+    "reward refresh": [
+        "reward.refresh.enabled=true",
+        "reward.refresh.every_steps=1",
+        "reward.refresh.updates=2",
+        "reward.refresh.learning_rate=1e-4",
+        "reward.refresh.replay_weight=1.0",
+    ],
 }
 
 
@@ -52,8 +93,9 @@ def per_run(r: dict) -> dict:
     kept = r["final"].get("eval_diversity/pairwise", float("nan")) / div_base
     alarms = ((r.get("monitors") or {}).get("alarms")) or {}
     first = {k: v["first_step"] for k, v in alarms.items() if v.get("first_step") is not None}
+    se = gain_se(r)
     failed = []
-    if gain < 0:
+    if gain < (-NOISE_SE * se if se == se else 0.0):  # no per-tag figures: any loss
         failed.append("below base")
     if reward < 0:
         failed.append("reward falls")
@@ -63,7 +105,8 @@ def per_run(r: dict) -> dict:
     # the probe alarms compare with the base's own probe, drawn twice at step 0: a run recorded
     # before they landed has no second draw and cannot be judged by them
     judged = any(k.startswith("probe/se/") for row in r.get("rows", []) for k in row)
-    return {"seed": r["seed"], "gain": gain, "reward_change": reward, "diversity_kept": kept,
+    return {"seed": r["seed"], "gain": gain, "gain_se": se, "below_base": gain < 0,
+            "reward_change": reward, "diversity_kept": kept,
             "failed": failed, "alarms": first, "timely_alarms": timely, "judged": judged}  # fmt: skip
 
 
@@ -82,7 +125,8 @@ def table(runs: list[dict], names: list[str]) -> list[dict]:
             "seeds": [x["seed"] for x in rs], "failed": sum(bool(x["failed"]) for x in rs),
             "judged_failed": len(failed), "judged_healthy": len(healthy),
             "gain": lab.interval(gains) if gains else None,
-            "min_gain": min(gains), "reward_rises": sum(x["reward_change"] > 0 for x in rs),
+            "min_gain": min(gains), "below_base": sum(x["below_base"] for x in rs),
+            "gain_se": statistics.fmean(x["gain_se"] for x in rs), "reward_rises": sum(x["reward_change"] > 0 for x in rs),
             "min_diversity_kept": min(x["diversity_kept"] for x in rs),
             "mean_diversity_kept": statistics.fmean(x["diversity_kept"] for x in rs),
             "paired_vs_first": lab.interval(paired) if paired else None,
@@ -92,17 +136,25 @@ def table(runs: list[dict], names: list[str]) -> list[dict]:
     return rows
 
 
+def _mean_se(rows: list[dict]) -> float:
+    ses = [r["gain_se"] for r in rows if r["gain_se"] == r["gain_se"]]
+    return statistics.fmean(ses) if ses else float("nan")
+
+
 def markdown(rows: list[dict], steps: int) -> str:
     out = [
         f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
-        "torch thread (world: shapes, this machine's rounding). Failed = below base, learned "
-        f"reward falls, or under {KEEP_DIVERSITY:.0%} of the base's pairwise diversity. "
+        "torch thread (world: shapes, this machine's rounding). Failed = below base (a gain "
+        f"under -{NOISE_SE:g} standard errors of the evaluation, binomial per tag, "
+        f"`gain_se`: about {_mean_se(rows):.3f}), learned reward falls, or under "
+        f"{KEEP_DIVERSITY:.0%} of the base's pairwise diversity; 'below 0' counts the seeds "
+        "with any negative gain. "
         f"Alarms (runs recorded with the probe alarms only): failed runs caught before step "
         f"{ALARM_BY} / healthy runs alarmed.",
         "",
-        "| variant | seeds | failed | gain (95% CI) | min gain | reward rises | diversity kept "
-        "(mean, min) | paired vs first | alarms: caught / false |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | seeds | failed | gain (95% CI) | min gain | below 0 | reward rises | "
+        "diversity kept (mean, min) | paired vs first | alarms: caught / false |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         gain = lab.fmt_interval(r["gain"], signed=True) if r["gain"] else "-"
@@ -110,6 +162,7 @@ def markdown(rows: list[dict], steps: int) -> str:
         n = len(r["seeds"])
         out.append(
             f"| {r['variant']} | {n} | {r['failed']} | {gain} | {r['min_gain']:+.3f} | "
+            f"{r['below_base']}/{n} | "
             f"{r['reward_rises']}/{n} | {r['mean_diversity_kept']:.0%}, "
             f"{r['min_diversity_kept']:.0%} | {pv} | {r['failed_caught']}/{r['judged_failed']} / "
             f"{r['healthy_alarmed']}/{r['judged_healthy']} |"

@@ -174,6 +174,11 @@ class LearnerGroup:
             return refs[0]
         return self.workers[0].trained_state.remote()
 
+    def ema_ref(self) -> ray.ObjectRef:
+        """An object-store reference to rank 0's EMA of the trained tensors (``train.ema_decay``;
+        ``learner.ema_rank``): what evaluation and the exported policy use."""
+        return self.workers[0].ema_state.remote()
+
     def all_ranks_state(self) -> list[dict[str, torch.Tensor]]:
         """Every rank's trained tensors (tests: ranks must hold identical weights)."""
         return ray.get([w.trained_state.remote() for w in self.workers], timeout=self.timeout_s)

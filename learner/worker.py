@@ -42,6 +42,7 @@ from maskgrpo_ray.cluster.weight_transfer import (
 )
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.errors import UserError
+from maskgrpo_ray.learner.ema_rank import EmaRank
 from maskgrpo_ray.loop.step_signal_probe import rng_kept, step_grams
 from maskgrpo_ray.models.base import MaskedImagePolicy
 from maskgrpo_ray.pipeline.build import build_policy, resolve_device
@@ -181,7 +182,7 @@ class DeepSpeedOptimizing:
         return None if norm is None else float(norm)
 
 
-class LearnerWorker(ActorProcess):
+class LearnerWorker(ActorProcess, EmaRank):
     """Rank ``rank`` of ``world_size``. ``setup`` joins the process group and builds DeepSpeed."""
 
     def __init__(
@@ -286,6 +287,7 @@ class LearnerWorker(ActorProcess):
             config=deepspeed_config(self.update_settings, self.learner),
         )
         self.optimizing = DeepSpeedOptimizing(self.engine, self)
+        self.start_ema()  # rank 0, train.ema_decay > 0 (learner.ema_rank)
         return sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
 
     def _clip_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -324,6 +326,7 @@ class LearnerWorker(ActorProcess):
             ref_policy=self.ref_policy,
             normalizer=normalizer,
             num_backward=num_backward,
+            ema=self.ema,
         )
 
     def step_signal(
@@ -350,7 +353,7 @@ class LearnerWorker(ActorProcess):
         return g_real, g_shuf
 
     def save(self) -> dict[str, list[ray.ObjectRef]]:
-        """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions) of this rank, as object
+        """DeepSpeed checkpoint (weights, optimizer, ZeRO partitions; rank 0: the EMA) as object
         store chunks: ``{relative path: [chunk refs]}``. Every rank calls it. The files are
         written to a temporary folder on this rank's node and removed; the chunks reach the
         driver through the object store, so no filesystem has to be shared between nodes."""
@@ -359,6 +362,7 @@ class LearnerWorker(ActorProcess):
 
         with tempfile.TemporaryDirectory(prefix="maskgrpo-learner-") as tmp:
             self.engine.save_checkpoint(tmp, tag="learner")
+            self.save_ema(Path(tmp))
             out: dict[str, list[ray.ObjectRef]] = {}
             for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
                 with f.open("rb") as fh:
@@ -381,6 +385,7 @@ class LearnerWorker(ActorProcess):
                     for ref in chunks:
                         fh.write(ray.get(ref))
             self.engine.load_checkpoint(tmp, tag="learner")
+            self.load_ema(Path(tmp))
         self.engine.module.eval()
 
     def trained_nbytes(self) -> int:

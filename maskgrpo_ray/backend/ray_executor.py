@@ -83,6 +83,7 @@ class RayExecutor:
         self.runs_ahead = True
         self.last_sync_bytes = 0
         self.syncs_adapter = cfg.model.lora is not None  # LoRA: the sync moves the adapter only
+        self.ema = s.update.ema_decay > 0  # learner rank 0 keeps the EMA (learner.ema_rank)
         self.traffic = Traffic()  # the driver's data-plane bytes (data_plane.Traffic)
         self.live = ControlChannel(cfg.run.name, timeout_s)  # maskgrpo scale / status
         self.last_recovery_s = 0.0
@@ -155,6 +156,8 @@ class RayExecutor:
             self.learner.version = self.policy_version = version
             self.sync_weights()
             self.counters["learner_fallbacks"] = self.counters.get("learner_fallbacks", 0.0) + 1
+            if self.ema:
+                log.warning("the EMA (train.ema_decay) starts again from those weights")
             self.metrics.count("maskgrpo_learner_fallbacks_total")
             self._event("learner", "restored")
         why = getattr(lost, "why", "died")
@@ -185,9 +188,21 @@ class RayExecutor:
         self.last_sync_bytes = rep.bytes_per_target
         return rep.seconds
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """``reward.refresh`` is the local backend's only: the config refuses it on Ray."""
+        return {}
+
     def policy_state(self) -> dict[str, torch.Tensor]:
-        """Learner rank 0's trained tensors, fetched into the driver (once, at the run's end)."""
-        return ray.get(self.learner.weights_ref(), timeout=self.timeout_s)
+        """Learner rank 0's trained tensors (their EMA under ``train.ema_decay``), fetched into
+        the driver (at the run's end; a LoRA run's checkpoints too)."""
+        ref = self.learner.ema_ref() if self.ema else self.learner.weights_ref()
+        return ray.get(ref, timeout=self.timeout_s)
+
+    def _evaluated(self) -> ray.ObjectRef | None:
+        """The weights evaluation uses, when not the rollout actors' own: rank 0's EMA (each
+        evaluation call swaps it in and back out, ``RolloutActor.eval_unit``: rollouts running
+        meanwhile, with ``rollout.max_policy_lag`` >= 1, keep the live weights)."""
+        return self.learner.ema_ref() if self.ema else None
 
     # ------------------------------------------------------------------ phases
 
@@ -234,16 +249,19 @@ class RayExecutor:
         """Held-out evaluation spread over every rollout actor: fixed-seed units
         (``evaluation.generation``), so the figures do not depend on the actor count; per
         GenEval tag too when ``tags`` (one per prompt) are given. ``probe``: the image
-        statistics too (the rollout actors hold no base: no KL, ``eval_kl`` absent)."""
-        units = make_units(prompts, self.settings.eval)
-        per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u))
+        statistics too, and the KL to the base each rollout actor keeps
+        (``EvalSettings.probe_kl``). Under ``train.ema_decay`` the units run with learner rank
+        0's EMA."""
+        units, weights = make_units(prompts, self.settings.eval), self._evaluated()
+        per_unit = self.fleet.map_rollout(units, lambda h, u: h.eval_unit.remote(u, weights, probe))
         return summarize(per_unit, tags, PROBE_FIGURES if probe else ())
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``), made
         by one rollout actor."""
         unit, settings = grid_unit(prompts, self.settings.eval)
-        return self.fleet.map_rollout([unit], lambda h, u: h.eval_images.remote(u, settings))[0]
+        w = self._evaluated()
+        return self.fleet.map_rollout([unit], lambda h, u: h.eval_images.remote(u, settings, w))[0]
 
     def extra_metrics(self) -> dict[str, float]:
         out = {**self.counters, **self.fleet.figures()}

@@ -147,6 +147,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     checked. Raises a :class:`UserError` naming the field, the path and the fix."""
     from maskgrpo_ray.models.registry import check_model_files
     from maskgrpo_ray.pipeline.geneval_judge import warn_same_detector
+    from maskgrpo_ray.pipeline.reward_refresh import check_reward_refresh
     from maskgrpo_ray.pipeline.settings import check_diversity_spaces, settings_from_config
     from maskgrpo_ray.prompts.loading import load_prompt_records
     from maskgrpo_ray.rewards.base import check_reward_files
@@ -159,6 +160,7 @@ def preflight(cfg: Config, unfetched: Collection[str] = ()) -> RunPrompts:
     if not any(k.startswith("model.") for k in unfetched):
         check_model_files(cfg.model)
     check_diversity_spaces(cfg)  # reward.diversity_embedding, train.diversity: one line
+    check_reward_refresh(cfg)  # reward.refresh names a kind that can keep training
     reward = settings_from_config(cfg).reward
     fetched = [
         s

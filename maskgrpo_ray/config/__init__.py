@@ -13,7 +13,8 @@ This module is the import point: the whole tree (:class:`Config`), its cross-sec
 loading. The sections live by role in :mod:`maskgrpo_ray.config.policy` (``model``, ``rollout``,
 ``likelihood``), :mod:`maskgrpo_ray.config.training` (``reward``, ``filter``, ``train``),
 :mod:`maskgrpo_ray.config.learner` (``learner``) and :mod:`maskgrpo_ray.config.run` (``run``, ``data``, ``eval``, ``logging``), with
-:mod:`maskgrpo_ray.config.evidence` (``evidence``), and are re-exported here. Importing it loads
+:mod:`maskgrpo_ray.config.evidence` (``evidence``) and :mod:`maskgrpo_ray.config.refresh`
+(``reward.refresh``), and are re-exported here. Importing it loads
 no torch and no model: a model kind's module is imported when a config naming it is validated
 (:mod:`maskgrpo_ray.config.kinds`: the kinds register their own rules there).
 """
@@ -43,6 +44,7 @@ from maskgrpo_ray.config.policy import (
     ShowoModelConfig,
     ToyModelConfig,
 )
+from maskgrpo_ray.config.refresh import RewardRefreshConfig, refresh_rules
 from maskgrpo_ray.config.run import DataConfig, EvalConfig, LoggingConfig, RunConfig
 from maskgrpo_ray.config.training import (
     DiversityConfig,
@@ -73,6 +75,7 @@ __all__ = [
     "EnsembleConfig",
     "RewardComponent",
     "RewardConfig",
+    "RewardRefreshConfig",
     "RolloutConfig",
     "RunConfig",
     "ShowoModelConfig",
@@ -251,7 +254,8 @@ def _gdpo_rules(cfg: Config) -> None:
 
 def _lever_rules(cfg: Config) -> None:
     """Lever combinations that cannot work (issue 53): a KL to a base that was never trained,
-    an alarm that stops the run with no monitor or probe to trip it."""
+    an EMA of ZeRO-3 partitions, an alarm that stops the run with no monitor or probe to trip
+    it."""
     t, m = cfg.train, cfg.model
     steps = {"toy": m.toy.pretrain_steps, "shapes": m.shapes.pretrain_steps}.get(m.kind)
     if (t.kl_coef > 0 or t.anchor_kl_coef > 0) and steps == 0:
@@ -261,6 +265,13 @@ def _lever_rules(cfg: Config) -> None:
             "holds the policy to noise; pre-train the base (pretrain_steps > 0) or set the KL "
             "coefficients to 0"
         )
+    if t.ema_decay > 0 and cfg.learner.zero_stage == 3:
+        raise ValueError(
+            f"train.ema_decay={t.ema_decay} with learner.zero_stage=3: the EMA is kept of whole "
+            "parameters, which ZeRO-3 partitions over the ranks (never gathered for it); use "
+            "learner.zero_stage 0-2, or set train.ema_decay 0"
+        )
+    refresh_rules(cfg)  # reward.refresh: a component of the reward, the local backend
     mon = cfg.logging.monitors
     probing = mon.enabled and mon.probe_prompts > 0 and mon.probe_every_steps > 0
     for name in mon.stop_on:

@@ -41,6 +41,7 @@ from maskgrpo_ray.config import (
 )
 from maskgrpo_ray.config.learner import LearnerConfig
 from maskgrpo_ray.config.metrics import GenEvalJudgeConfig, MetricSpec
+from maskgrpo_ray.config.refresh import RewardRefreshConfig
 from maskgrpo_ray.config.run import MonitorsConfig
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
@@ -57,6 +58,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("reward", RewardConfig),
     ("reward.components[]", RewardComponent),
     ("reward.ensemble", EnsembleConfig),
+    ("reward.refresh", RewardRefreshConfig),
     ("filter", FilterConfig),
     ("train", TrainConfig),
     ("train.diversity", DiversityConfig),

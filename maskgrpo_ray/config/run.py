@@ -175,7 +175,8 @@ class MonitorsConfig(Strict):
         True,
         description="log probe/kl, the KL of the policy to its base on the probe's samples "
         "(k1 per token; local backend: the KL term's reference, else a frozen copy of the base "
-        "kept from the start, one model's memory; a LoRA policy's base is its adapter disabled)",
+        "kept from the start, one model's memory; Ray: each rollout actor keeps a frozen copy, "
+        "one model's memory per actor; a LoRA policy's base is its adapter disabled)",
     )
     stop_on: list[str] = Field(
         default_factory=list,

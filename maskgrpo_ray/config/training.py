@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from maskgrpo_ray.config.base import Strict
+from maskgrpo_ray.config.refresh import RewardRefreshConfig
 
 
 class RewardComponent(Strict):
@@ -67,6 +68,11 @@ class RewardConfig(Strict):
         description="a term mean - k * std (or min) over several reward components of weight 0, "
         "added to the weighted sum with its own weight (a defense against reward hacking: "
         "docs/monitors.md); None: none",
+    )
+    refresh: RewardRefreshConfig = Field(
+        default_factory=RewardRefreshConfig,
+        description="the learned reward keeps training during RL on reference renders against "
+        "the policy's samples (Adv-GRPO; see reward.refresh)",
     )
     num_actors: int = Field(1, ge=1, description="reward actors (Ray backend)")
     num_cpus_per_actor: float = Field(0.5, ge=0, description="Ray CPUs reserved per reward actor")
@@ -250,6 +256,20 @@ class TrainConfig(Strict):
         description="clamp every advantage to [-c, c] after train.advantage and train.diversity "
         "(Flow-GRPO clips at 5); 0: no clip",
     )
+    ema_decay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "d of an exponential moving average of the trained tensors (LoRA: the adapter's), "
+            "as Flow-GRPO's EMAModuleWrapper (github.com/yifan123/flow_grpo, flow_grpo/ema.py; "
+            "decay 0.9 in scripts/train_sd3.py): after the n-th optimizer step ema <- d_n ema + "
+            "(1 - d_n) theta, d_n = min(d, (1 + n) / (10 + n)) (its warm-up). Rollouts keep the "
+            "live policy; the held-out evaluation, the monitor probe, the per-tag grids, the "
+            "exported policy and a checkpoint's adapter use the EMA; checkpoints keep it; "
+            "ema/distance logs ||EMA - live||. 0: off (Flow-GRPO: 0.9)"
+        ),
+    )
     diversity: DiversityConfig = Field(
         default_factory=DiversityConfig, description="diversity-aware advantages"
     )
@@ -357,6 +377,21 @@ class TrainConfig(Strict):
             "this. float32 round-off of a transition log-prob summed over L tokens stays well "
             "under 1e-3 (the toy: under 1e-5); under learner.autocast bf16 raise it (bf16 "
             "logits move a summed log-prob by ~1e-2)"
+        ),
+    )
+    likelihood_guidance_scale: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "the guidance of the trained likelihood (the ratio, its old log-probs and the KL "
+            "term): null: the rollout's (rollout.guidance_scale, the sampler's own likelihood); "
+            "a number: the learner scores every transition with this guidance instead, 0: the "
+            "conditional logits alone (DanceGRPO trains without guidance, arXiv 2505.07818; "
+            "one forward per pair instead of two). The rollout's cached log-probs are then of "
+            "another likelihood: the learner recomputes the old log-probs of the trained pairs "
+            "before the update (no gradient, one more forward pass per pair), so the first "
+            "ratio is 1 and the clip is against the weights the update starts from (with "
+            "rollout.max_policy_lag > 0 the lag's importance correction is then not applied)"
         ),
     )
     trajectory_shrinkage: int = Field(

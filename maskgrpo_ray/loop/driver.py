@@ -185,6 +185,7 @@ class _Loop:
             self.ex, self.settings, step, self.source, pending, ahead=ahead
         )
         row = out.row
+        row.update(self.ex.refresh_reward(step, out.scored))  # reward.refresh, when due
         row.update(probed)
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps

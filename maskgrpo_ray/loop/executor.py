@@ -74,6 +74,10 @@ class Executor(GroupWork, Protocol):
 
     def sync_weights(self) -> float: ...
 
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """After step ``step``'s update: ``reward.refresh``'s training of the learned reward on
+        the step's samples ``scored`` when due (``pipeline.reward_refresh``); its figures."""
+
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
@@ -86,7 +90,9 @@ class Executor(GroupWork, Protocol):
         per-tag grid, ``evaluation.generation.grid_unit``): uint8 ``[N, H, W, 3]``."""
 
     def policy_state(self) -> dict[str, torch.Tensor]:
-        """The learner's trained tensors on the CPU (what a weight sync sends)."""
+        """The learner's trained tensors on the CPU (what a weight sync sends), or their EMA
+        under ``train.ema_decay``: the policy a run evaluates, checkpoints as an adapter and
+        exports (``evaluate`` and ``eval_images`` use the EMA too; rollouts never do)."""
 
     def extra_metrics(self) -> dict[str, float]: ...
 

@@ -3,6 +3,7 @@ system is measured against, and the engine of the tests and ablations."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from maskgrpo_ray.models.base import MaskedImagePolicy, prompt_problems
 from maskgrpo_ray.pipeline.build import attach_judge
 from maskgrpo_ray.pipeline.data_plane import Traffic
 from maskgrpo_ray.pipeline.diagnostics import half_batch_cosine, trained_parameters, update_size
+from maskgrpo_ray.pipeline.ema import ParameterEma
 from maskgrpo_ray.pipeline.learner_core import (
     TorchOptimizing,
     UpdatePlanner,
@@ -28,8 +30,9 @@ from maskgrpo_ray.pipeline.learner_core import (
     frozen_base,
     reference_policy,
 )
-from maskgrpo_ray.pipeline.messages import ScoredBatch, TrainBatch
+from maskgrpo_ray.pipeline.messages import RolloutBatch, ScoredBatch, TrainBatch
 from maskgrpo_ray.pipeline.phases import FilterResult, filter_groups, generate, score
+from maskgrpo_ray.pipeline.reward_refresh import STATE_FILE, make_refresher, refresh_state_path
 from maskgrpo_ray.pipeline.settings import settings_from_config
 from maskgrpo_ray.weights.safe_files import load_torch_file
 
@@ -39,7 +42,9 @@ class LocalExecutor:
 
     Rollouts are cut into the chunks a Ray run with the same config would send to its rollout
     actors, each generated with its chunk's seed, so a run here is the reference of the
-    distributed one (lag 0 and lag 1 alike)."""
+    distributed one (lag 0 and lag 1 alike). With ``train.ema_decay`` the weights' moving
+    average (``pipeline.ema``) is what evaluation, the grids and the export see; rollouts and
+    updates keep the live weights."""
 
     runs_ahead = False  # a submission ahead runs at once, before the update
 
@@ -55,6 +60,7 @@ class LocalExecutor:
         self.optimizing = TorchOptimizing(policy, self.optimizer, up.grad_clip_norm)
         self.planner = UpdatePlanner(up)
         self.ref_policy = reference_policy(up, policy)
+        self.ema = ParameterEma(policy, up.ema_decay) if up.ema_decay > 0 else None
         # the base the monitor probe's KL is measured against: the KL term's reference, else a
         # frozen copy taken now, before any update or checkpoint load (logging.monitors.probe_kl)
         self.probe_base = self.ref_policy
@@ -69,6 +75,7 @@ class LocalExecutor:
         self.policy_version = 0
         self.prompt_meta: dict[str, Any] | None = None
         self._eval_reward: Any = None
+        self.refresher = make_refresher(cfg, reward)  # reward.refresh; None: off
 
     def set_prompt_metadata(self, table: dict[str, Any]) -> None:
         """Prompt text -> its metadata, for rewards that read it (``uses_prompt_metadata``)."""
@@ -136,7 +143,7 @@ class LocalExecutor:
             cos = half_batch_cosine(self.policy, batch, units, up, self.ref_policy)
             extra["diag/grad_half_cosine"] = cos
             before = [p.detach().clone() for p in trained_parameters(self.policy)]
-        m = apply_update(self.optimizing, batch, plan, up, ref_policy=self.ref_policy)
+        m = apply_update(self.optimizing, batch, plan, up, ref_policy=self.ref_policy, ema=self.ema)
         if before is not None:
             extra["diag/update_over_lr"] = update_size(before, self.policy, plan.learning_rate)
         self.policy_version += 1
@@ -145,29 +152,51 @@ class LocalExecutor:
     def sync_weights(self) -> float:
         return 0.0  # the rollout uses the learner's weights directly
 
+    def _evaluated(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the policy holds the weights evaluation sees: the EMA, else live."""
+        return self.ema.applied(self.policy) if self.ema is not None else contextlib.nullcontext()
+
+    def refresh_reward(self, step: int, scored: ScoredBatch | None) -> dict[str, float]:
+        """``reward.refresh``: the learned reward trains on this step's samples when due."""
+        if self.refresher is None or scored is None:
+            return {}
+        rollout = scored.rollout
+        assert isinstance(rollout, RolloutBatch)  # one process: the images are here
+        return self.refresher(step, rollout)
+
     def evaluate(
         self, prompts: list[str], tags: list[str | None] | None = None, *, probe: bool = False
     ) -> dict[str, float]:
+        """Held-out evaluation (``evaluation.generation.evaluate_rewards``) of the EMA, else
+        of the live weights."""
         if self._eval_reward is None:  # the training reward's parts, with eval.geneval's judge
             device = next(self.policy.parameters()).device
-            self._eval_reward = attach_judge(self.reward, self.settings.reward, device)
-        return evaluate_rewards(
-            self.policy,
-            self._eval_reward,
-            prompts,
-            self.settings.eval,
-            tags,
-            self.prompt_meta,
-            probe=probe,
-            base=self.probe_base if probe else None,
-        )
+            reward = self.reward  # a refreshed component is evaluated as loaded (frozen)
+            if self.refresher is not None:
+                reward = self.refresher.eval_reward(reward)
+            self._eval_reward = attach_judge(reward, self.settings.reward, device)
+        with self._evaluated():
+            return evaluate_rewards(
+                self.policy,
+                self._eval_reward,
+                prompts,
+                self.settings.eval,
+                tags,
+                self.prompt_meta,
+                probe=probe,
+                base=self.probe_base if probe else None,
+            )
 
     def eval_images(self, prompts: list[str]) -> torch.Tensor:
         """The per-tag evaluation grid's images (``evaluation.generation.grid_unit``)."""
         unit, settings = grid_unit(prompts, self.settings.eval)
-        return generate_unit(self.policy, unit, settings).images
+        with self._evaluated():
+            return generate_unit(self.policy, unit, settings).images
 
     def policy_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors the run exports (the EMA under ``train.ema_decay``)."""
+        if self.ema is not None:
+            return self.ema.weights(self.policy)
         return {
             n: p.detach().cpu().clone()
             for n, p in self.policy.named_parameters()
@@ -194,8 +223,11 @@ class LocalExecutor:
                     "torch": torch.get_rng_state(),
                     "policy_version": self.policy_version,
                 },
+                **({"ema.pt": self.ema.state_dict()} if self.ema is not None else {}),
             }
         )
+        if self.refresher is not None:  # the refreshed reward and its optimiser
+            state[STATE_FILE] = host_copy(self.refresher.state_dict())
 
         def write(folder: Path) -> None:
             for name, part in state.items():
@@ -211,6 +243,13 @@ class LocalExecutor:
         self.planner.load_state(state["step_generator"])
         torch.set_rng_state(state["torch"])
         self.policy_version = int(state["policy_version"])
+        if self.ema is not None:
+            path = folder / "ema.pt"
+            ema = load_torch_file(path, "a checkpoint's EMA") if path.exists() else None
+            self.ema.resume(self.policy, ema, str(folder))
+        if self.refresher is not None:
+            path = refresh_state_path(folder)  # the refreshed reward and its optimiser
+            self.refresher.load_state_dict(load_torch_file(path, "a checkpoint's reward refresh"))
 
     def shutdown(self) -> None:
         pass

@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +26,7 @@ from maskgrpo_ray.algo.grpo import (
 )
 from maskgrpo_ray.algo.step_signal import select_by_signal, top_by_excess
 from maskgrpo_ray.models.base import MaskedImagePolicy
+from maskgrpo_ray.pipeline.ema import ParameterEma
 from maskgrpo_ray.pipeline.learner_loss import (
     Anchor,
     accumulate_gradients,
@@ -275,6 +277,7 @@ def apply_update(
     ref_policy: MaskedImagePolicy | None = None,
     normalizer: float | None = None,
     num_backward: int = 0,
+    ema: ParameterEma | None = None,
 ) -> dict[str, Any]:
     """``updates_per_batch`` optimizer steps on ``batch`` (the clipped GRPO objective).
 
@@ -287,6 +290,8 @@ def apply_update(
         normalizer: pairs of the whole update per rank (``M / W``); None: this batch's pairs.
         num_backward: backward calls per optimizer step on every rank; this process pads
             with zero-loss backwards up to it (0: no padding).
+        ema: the weights' moving average (``train.ema_decay``), updated after every optimizer
+            step; its ``ema/*`` figures join the metrics (None: none here).
 
     Returns:
         The last pass's metrics (loss terms, ``grad_norm`` before clipping), the first pass's
@@ -298,8 +303,37 @@ def apply_update(
     opt.set_learning_rate(plan.learning_rate)
     opt.module.train()
     plan = plan.resolved(batch)
-    rollout_logp = batch.old_logp  # the on-policy check's reference, whatever is recomputed
-    if s.shrinkage > 1 and batch.estimator == "trajectory":
+    batch, rollout_logp = _learner_old_log_probs(opt, batch, plan, s, num_backward)
+    metrics: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    for i in range(s.updates_per_batch):
+        metrics = _optimizer_step(
+            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward,
+            rollout_logp,
+        )  # fmt: skip
+        if ema is not None:
+            metrics.update(ema.update(opt.module))
+        if i == 0:
+            first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
+    opt.module.eval()
+    return {**metrics, **first, "learning_rate": plan.learning_rate}
+
+
+def _learner_old_log_probs(
+    opt: Optimizing, batch: TrainBatch, plan: UpdatePlan, s: UpdateSettings, num_backward: int
+) -> tuple[TrainBatch, torch.Tensor]:
+    """The batch the update trains on, and the log-probs the on-policy check compares with.
+    Where the learner's likelihood is not the rollout's, the old log-probs of the trained pairs
+    are recomputed (no gradient) so the first ratio is 1: under trajectory shrinkage, and under
+    ``train.likelihood_guidance_scale`` apart from the rollout's guidance (the batch then
+    carries that guidance: ratio, old log-probs and KL all score with it; the rollout's cached
+    log-probs are of another likelihood, so the check sees the learner's own round-off)."""
+    rollout_logp = batch.old_logp
+    g = s.likelihood_guidance_scale
+    reguided = g is not None and g != batch.guidance_scale
+    if g is not None and reguided:
+        batch = replace(batch, guidance_scale=g)
+    if reguided or (s.shrinkage > 1 and batch.estimator == "trajectory"):
         batch = shrunk_old_log_probs(
             opt.module,
             batch,
@@ -310,17 +344,7 @@ def apply_update(
             # every set's micro-batches number at most num_backward on any rank
             num_forward=num_backward if opt.collective_forward else 0,
         )
-    metrics: dict[str, Any] = {}
-    first: dict[str, float] = {}
-    for i in range(s.updates_per_batch):
-        metrics = _optimizer_step(
-            opt, batch, plan.units_for_pass(i), s, ref_policy, normalizer, num_backward,
-            rollout_logp,
-        )  # fmt: skip
-        if i == 0:
-            first = {k: v for k, v in metrics.items() if k.startswith(FIRST_PASS)}
-    opt.module.eval()
-    return {**metrics, **first, "learning_rate": plan.learning_rate}
+    return batch, batch.old_logp if reguided else rollout_logp
 
 
 # the metrics apply_update reports from its first pass: against the rollout's log-probs

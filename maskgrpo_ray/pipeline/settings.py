@@ -58,6 +58,9 @@ class EvalSettings:
     seed: int  # fixed: the same images for the same weights
     sampler: str
     prompts_per_unit: int = 8  # prompts per work unit; a unit's seed is (seed, unit index)
+    # the monitor probe's KL to the base (logging.monitors.probe_kl with a probe): a Ray
+    # rollout actor then keeps a frozen copy of the base it was built with
+    probe_kl: bool = False
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +92,9 @@ class UpdateSettings:
     autocast: str = "off"  # "bf16": forward passes under torch.autocast (learner.autocast)
     auto_margin: float = 2.0  # auto selection: standard errors a step must stand above its floor
     shrinkage: int = 1  # s, steps scored per forward pass (trajectory shrinkage; 1: exact)
+    # the trained likelihood's guidance (train.likelihood_guidance_scale); None: the rollout's
+    likelihood_guidance_scale: float | None = None
+    ema_decay: float = 0.0  # d of the weights' moving average (pipeline.ema); 0: none
 
 
 @dataclass(frozen=True)
@@ -239,7 +245,7 @@ def _rollout_settings(cfg: Config) -> RolloutSettings:
 
 def _eval_settings(cfg: Config) -> EvalSettings:
     """The evaluation sampler: ``eval``'s fields, each unset one the rollout's."""
-    e, r = cfg.eval, cfg.rollout
+    e, r, m = cfg.eval, cfg.rollout, cfg.logging.monitors
     return _from_section(
         EvalSettings,
         e,
@@ -251,6 +257,7 @@ def _eval_settings(cfg: Config) -> EvalSettings:
         ),
         seed=cfg.run.seed + 10_007,  # fixed, apart from the training streams
         sampler=e.sampler or r.sampler,
+        probe_kl=bool(m.enabled and m.probe_kl and m.probe_prompts),
     )
 
 

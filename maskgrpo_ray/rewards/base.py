@@ -30,11 +30,13 @@ __all__ = [
     "REWARD_REGISTRY",
     "Reward",
     "ModelReward",
+    "RefreshableReward",
     "RewardSpec",
     "build_reward",
     "check_reward_inputs",
     "default_device",
     "register_reward",
+    "reward_refreshes",
     "reward_stats",
 ]
 
@@ -50,6 +52,33 @@ class Reward(Protocol):
     name: str
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class RefreshableReward(Protocol):
+    """A learned reward that keeps training during RL (``reward.refresh``, Adv-GRPO's online
+    reward): reference images of the step's prompts against the policy's samples, with its own
+    optimiser (:mod:`maskgrpo_ray.pipeline.reward_refresh` drives it)."""
+
+    name: str
+
+    def start_refresh(self, settings: Any) -> None:
+        """Make the model trainable and build its optimiser (``settings``: the config's
+        ``reward.refresh`` section: ``learning_rate``, ``updates``, ...)."""
+
+    def refresh(
+        self, images: torch.Tensor, prompts: Sequence[str], seed: Sequence[int]
+    ) -> dict[str, float]:
+        """Train on the policy's ``images`` uint8 ``[N, H, W, 3]`` of ``prompts`` (N str) as
+        negatives; deterministic given its inputs and ``seed``. Returns the refresh's figures."""
+
+    def frozen_copy(self) -> Reward:
+        """The reward as it is now, never refreshed (what evaluation scores with)."""
+
+    def refresh_state(self) -> dict[str, Any]:
+        """The refreshed weights and the optimiser's state (what a checkpoint holds)."""
+
+    def load_refresh_state(self, state: dict[str, Any]) -> None: ...
 
 
 def default_device(device: str | torch.device | None) -> torch.device:
@@ -257,6 +286,7 @@ _BUILTIN_KIND_MODULES = {
 _CHECK_FILES: dict[str, Callable[..., None]] = {}
 _HUB_FIELDS: dict[str, tuple[HubField, ...]] = {}
 _EMBEDS: set[str] = set()  # kinds with embed(images): diversity/pairwise, diversity/nn
+_REFRESHES: set[str] = set()  # kinds that are RefreshableReward (reward.refresh)
 
 
 def register_reward(
@@ -266,6 +296,7 @@ def register_reward(
     check_files: Callable[..., None] | None = None,
     hub_fields: tuple[HubField, ...] = (),
     embeds: bool = False,
+    refreshes: bool = False,
 ) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator: make ``factory`` the builder of reward ``kind`` for :func:`build_reward`.
 
@@ -280,6 +311,8 @@ def register_reward(
         embeds: the reward has ``embed(images) -> float [N, D]`` (a space the diversity
             figures ``diversity/pairwise`` and ``diversity/nn``, and ``train.diversity``, can
             be measured in; ``reward.diversity_embedding`` may name only such a component).
+        refreshes: the built reward is a :class:`RefreshableReward` (``reward.refresh.component``
+            may name only such a component).
             A reward with ``layouts(images) -> list of N hashable keys`` (equal for the same
             detected layout) gives ``diversity/layouts``; that method is found on the built
             reward, no flag declares it (:mod:`maskgrpo_ray.algo.diversity`).
@@ -297,6 +330,8 @@ def register_reward(
             _HUB_FIELDS[kind] = hub_fields
         if embeds:
             _EMBEDS.add(kind)
+        if refreshes:
+            _REFRESHES.add(kind)
         return factory
 
     return decorate
@@ -320,6 +355,12 @@ def reward_embeds(kind: str) -> bool:
     """Whether reward ``kind`` (its module imported first) has an image embedding."""
     _factory(kind)
     return kind in _EMBEDS
+
+
+def reward_refreshes(kind: str) -> bool:
+    """Whether reward ``kind`` (its module imported first) can keep training during RL."""
+    _factory(kind)
+    return kind in _REFRESHES
 
 
 def check_reward_files(specs: Sequence[RewardSpec]) -> None:

@@ -9,7 +9,9 @@ world's vocabulary.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -18,13 +20,16 @@ from maskgrpo_ray.worlds.shapes import judge as judging
 from maskgrpo_ray.worlds.shapes import scenes
 from maskgrpo_ray.worlds.shapes.policy import WorldSpec
 from maskgrpo_ray.worlds.shapes.reward_model import RewardModelSpec, load_or_train, score
+from maskgrpo_ray.worlds.shapes.reward_refresh import refresh_model
 
 JUDGE_TERMS = ("credit+correct", "credit", "correct")
 
 
 class ShapesClipReward(ModelReward):
     """The world's contrastive reward model: ``exp(logit_scale) * cos(image, prompt)``
-    (``score="cosine"``: ``cos`` alone), float ``[N]``; ``embed`` is its image tower."""
+    (``score="cosine"``: ``cos`` alone), float ``[N]``; ``embed`` is its image tower. A
+    :class:`~maskgrpo_ray.rewards.base.RefreshableReward` (``reward.refresh``:
+    :mod:`maskgrpo_ray.worlds.shapes.reward_refresh`)."""
 
     def __init__(
         self, spec: RewardModelSpec, score_kind: str = "logits", name: str = "shapes_clip"
@@ -36,6 +41,8 @@ class ShapesClipReward(ModelReward):
         self._setup(name, "cpu", 256, "tensor")
         self.model = load_or_train(spec)
         self.score_kind = score_kind
+        self._refresh: Any = None  # reward.refresh's section, once start_refresh is called
+        self._optimizer: torch.optim.Optimizer | None = None
 
     def _score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         self._scored += len(prompts)
@@ -49,8 +56,46 @@ class ShapesClipReward(ModelReward):
         with torch.no_grad():
             return self.model.encode_image(images.cpu()).float()
 
+    def start_refresh(self, settings: Any) -> None:
+        """The model trainable, with its own AdamW (``settings``: ``reward.refresh``)."""
+        self._refresh = settings
+        self.model.requires_grad_(True)
+        self._optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay
+        )
 
-@register_reward("shapes_clip", embeds=True)
+    def refresh(
+        self, images: torch.Tensor, prompts: Sequence[str], seed: Sequence[int]
+    ) -> dict[str, float]:
+        """Train on reference renders of ``prompts`` against the policy's ``images`` uint8
+        ``[N, H, W, 3]`` (:func:`~maskgrpo_ray.worlds.shapes.reward_refresh.refresh_model`)."""
+        if self._optimizer is None:
+            raise RuntimeError(f"{self.name}: refresh() before start_refresh()")
+        return refresh_model(
+            self.model, self._optimizer, images.cpu(), list(prompts), seed, self._refresh
+        )
+
+    def frozen_copy(self) -> ShapesClipReward:
+        """This reward with a copy of its model as it is now, never refreshed."""
+        frozen = copy.copy(self)
+        frozen.model = copy.deepcopy(self.model).requires_grad_(False).eval()
+        frozen._refresh, frozen._optimizer = None, None
+        return frozen
+
+    def refresh_state(self) -> dict[str, Any]:
+        """The refreshed model's weights and its optimiser's state."""
+        if self._optimizer is None:
+            raise RuntimeError(f"{self.name}: refresh_state() before start_refresh()")
+        return {"model": self.model.state_dict(), "optimizer": self._optimizer.state_dict()}
+
+    def load_refresh_state(self, state: dict[str, Any]) -> None:
+        if self._optimizer is None:
+            raise RuntimeError(f"{self.name}: load_refresh_state() before start_refresh()")
+        self.model.load_state_dict(state["model"])
+        self._optimizer.load_state_dict(state["optimizer"])
+
+
+@register_reward("shapes_clip", embeds=True, refreshes=True)
 def build_shapes_clip(
     grid: int = 8,
     patch_px: int = 4,

@@ -1,0 +1,77 @@
+"""bench/why_seeds_fail.py: the separation figure (AUC) and the per-run figures, on made-up
+records whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+from bench import why_seeds_fail as w
+
+
+def test_auc_orders_pairs_and_counts_ties_half():
+    assert w.auc([3.0, 4.0], [1.0, 2.0]) == 1.0
+    assert w.auc([1.0, 2.0], [3.0, 4.0]) == 0.0
+    assert w.auc([1.0, 3.0], [2.0]) == 0.5
+    assert w.auc([2.0], [2.0]) == 0.5
+    assert math.isnan(w.auc([float("nan")], [1.0]))
+
+
+def _record(slope: float, kl: float, gain: float) -> dict:
+    rows = [
+        {"step": float(s), "reward_mean": 20.0 + slope * s, "learning_rate": 1e-4 * min(s + 1, 5),
+         "grad_norm": 1.0, "agreement/a_vs_b": 0.4 if s < 10 else 0.1}
+        for s in range(60)
+    ]  # fmt: skip
+    for s in (0, 10, 20, 30):
+        rows[s].update({"probe/kl": kl * s, "probe/z/diversity": -s / 10})
+    base = {"eval_accuracy/tag_mean": 0.3, "eval_reward": 20.0, "eval_diversity/pairwise": 1.0}
+    final = {"eval_accuracy/tag_mean": 0.3 + gain, "eval_reward": 21.0,
+             "eval_diversity/pairwise": 0.9}  # fmt: skip
+    return {"variant": "v", "seed": 0, "rows": rows, "base": base, "final": final}
+
+
+def test_figures_read_the_first_steps_and_the_probe_at_or_before_them():
+    f = w.figures(_record(0.5, 0.01, 0.1), by=20)
+    assert math.isclose(f["reward/slope_per_step"], 0.5)
+    assert f["update/learning_rate"] == 5e-4  # the peak, after warm-up
+    assert math.isclose(f["probe/kl"], 0.2) and math.isclose(f["probe/z_diversity"], -2.0)
+    assert math.isclose(f["reward/agreement_early"], 0.4)
+    assert math.isclose(f["reward/agreement_fall_over_run"], 0.3)
+
+
+def test_a_figure_that_tells_the_failed_runs_apart_has_auc_one():
+    recs = [
+        _record(0.1, kl, g) for kl, g in ((0.05, -0.1), (0.04, -0.05), (0.001, 0.1), (0.002, 0.2))
+    ]
+    a = w.analyse(recs, by=20)
+    assert [r["failed"] for r in a["runs"]] == [True, True, False, False]
+    sep = {s["figure"]: s for s in a["separation"]}
+    assert sep["probe/kl"]["auc"] == 1.0 and sep["update/grad_norm"]["auc"] == 0.5
+    assert a["separation"][0]["auc"] in (0.0, 1.0)  # the strongest first
+
+
+def test_the_sweeps_gain_se_is_binomial_per_tag_by_hand():
+    from bench import recipe_sweep as rs
+    from maskgrpo_ray.worlds.shapes.scenes import EVAL_PER_TAG
+
+    acc = {f"eval_accuracy/{t}": 0.5 for t in EVAL_PER_TAG}
+    r = {"config": rs.CONFIG, "overrides": ["eval.samples_per_prompt=4"], "base": acc, "final": acc}
+    var = sum(0.5 / (n * 4) for n in EVAL_PER_TAG.values())
+    assert math.isclose(rs.gain_se(r), var**0.5 / len(EVAL_PER_TAG))
+    assert math.isnan(rs.gain_se({**r, "final": {}}))
+
+
+def test_alarm_calibration_counts_caught_and_false_alarms(monkeypatch):
+    from bench import alarm_calibration as ac
+    from maskgrpo_ray.runlog.probe_alarms import ProbeRules
+
+    recs = [_record(0.1, 0.05, -0.2), _record(0.1, 0.05, -0.2), _record(0.1, 0.0, 0.2)]
+    for i, r in enumerate(recs):
+        r["seed"] = i
+    # seed 0 (failed) alarmed at 10, seed 1 (failed) only at 50, seed 2 (healthy) at 30
+    firsts = {0: {"judge_drop": 10}, 1: {"reward_drop": 50}, 2: {"probe_drift": 30}}
+    monkeypatch.setattr(ac, "replay_alarms", lambda rows, rules: firsts[rows[0]["seed"]])
+    for i, r in enumerate(recs):
+        r["rows"][0]["seed"] = i
+    s = ac.score(recs, ProbeRules())
+    assert (s["caught"], s["failed"], s["false"], s["healthy"]) == (1, 2, 1, 1)
