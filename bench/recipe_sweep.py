@@ -72,6 +72,8 @@ VARIANTS: dict[str, list[str]] = {
     "B 16": ["train.prompts_per_step=16"],
     "unguided likelihood": ["train.likelihood_guidance_scale=0"],
     "lr 2e-4 unguided": ["train.learning_rate=2e-4", "train.likelihood_guidance_scale=0"],
+    "EMA 0.9": ["train.ema_decay=0.9"],
+    "lr 2e-4 EMA 0.9": ["train.learning_rate=2e-4", "train.ema_decay=0.9"],
     # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
     # reference renders against that step's samples, its own AdamW, its grammar replayed
     "reward refresh": [
