@@ -167,14 +167,16 @@ class Head:
             return "RUNNING"
         return text[-200:]
 
-    def wait(self, sub_id: str, timeout: float = 600) -> str:
-        t0 = time.monotonic()
+    def wait(self, sub_id: str, timeout: float = 420) -> str:
+        """The job's final status, or ``TIMEOUT`` with its last status and its log's tail
+        (within the tests' 600 s, so a job that hangs says where)."""
+        t0, st = time.monotonic(), ""
         while time.monotonic() - t0 < timeout:
             st = self.status(sub_id)
             if st in ("SUCCEEDED", "FAILED", "STOPPED"):
                 return st
             time.sleep(2)
-        return "TIMEOUT"
+        return f"TIMEOUT (last status {st!r}); log: {self.ray_job('logs', sub_id)[-2000:]}"
 
     def stop(self) -> None:
         subprocess.run(
