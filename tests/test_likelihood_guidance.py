@@ -11,33 +11,18 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_trajectory_shrinkage import ALL, SMALL, TOY, _update
+from test_trajectory_shrinkage import ALL, SMALL, TOY, _batch, _update
 
 from maskgrpo_ray.config import load_config
 from maskgrpo_ray.pipeline.build import build_policy
 from maskgrpo_ray.pipeline.learner_loss import pair_log_probs
 from maskgrpo_ray.pipeline.messages import TrainBatch
-from maskgrpo_ray.pipeline.phases import generate
 
 GUIDED = 2.0  # the sampler's guidance
 
 
 def _guided_batch(policy) -> TrainBatch:
-    rb = generate(
-        policy,
-        ["two red dots on the left", "one blue dot on the top"],
-        [0, 1],
-        group_size=3,
-        num_steps=4,
-        temperature=1.0,
-        gumbel_temperature=0.0,
-        guidance_scale=GUIDED,
-        transition="p1",
-        policy_version=0,
-        generator=torch.Generator().manual_seed(5),
-    )
-    adv = torch.randn(rb.num_samples, generator=torch.Generator().manual_seed(6))
-    return TrainBatch.from_rollout(rb, adv)
+    return _batch(policy, guidance=GUIDED)
 
 
 def _rescored(policy, batch: TrainBatch, guidance: float) -> TrainBatch:

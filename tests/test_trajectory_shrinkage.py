@@ -39,7 +39,7 @@ ALL = "train.unmasking_step_selection=all"
 SMALL = TOY_G3
 
 
-def _batch(policy, gumbel: float = 0.0) -> TrainBatch:
+def _batch(policy, gumbel: float = 0.0, guidance: float = 0.0) -> TrainBatch:
     rb = generate(
         policy,
         ["two red dots on the left", "one blue dot on the top"],
@@ -48,7 +48,7 @@ def _batch(policy, gumbel: float = 0.0) -> TrainBatch:
         num_steps=4,
         temperature=1.0,
         gumbel_temperature=gumbel,
-        guidance_scale=0.0,
+        guidance_scale=guidance,
         transition="p1",
         policy_version=0,
         generator=torch.Generator().manual_seed(5),
