@@ -75,3 +75,31 @@ def test_alarm_calibration_counts_caught_and_false_alarms(monkeypatch):
         r["rows"][0]["seed"] = i
     s = ac.score(recs, ProbeRules())
     assert (s["caught"], s["failed"], s["false"], s["healthy"]) == (1, 2, 1, 1)
+
+
+def test_alarm_calibration_scores_the_front_on_seeds_it_was_not_chosen_on(monkeypatch):
+    """--choose-seeds/--confirm-seeds: the front comes from the chosen runs alone; every row
+    carries its score on the held-out runs, which can disagree with the chosen ones."""
+    from bench import alarm_calibration as ac
+
+    chosen = [_record(0.1, 0.05, -0.2), _record(0.1, 0.0, 0.2)]  # failed, healthy
+    held = [_record(0.1, 0.0, 0.2), _record(0.1, 0.0, 0.2)]  # two healthy
+    for i, r in enumerate([*chosen, *held]):
+        r["seed"] = i
+        r["rows"][0]["seed"] = i
+
+    def replay(rows, rules):  # seed 0 alarms at any threshold; held-out seed 3 below judge 4
+        s = rows[0]["seed"]
+        return {"judge_drop": 10} if s == 0 or (s == 3 and rules.judge_drop_se < 4) else {}
+
+    monkeypatch.setattr(ac, "replay_alarms", replay)
+    c = ac.calibrate(chosen, held)
+    assert (c["today"]["caught"], c["today"]["false"]) == (1, 0)
+    assert (c["today"]["confirm"]["healthy"], c["today"]["confirm"]["false"]) == (2, 1)
+    assert all(g["caught"] == 1 and g["false"] == 0 for g in c["front"])
+    for g in c["front"]:  # each row scored on the held-out runs by its own thresholds
+        assert g["confirm"]["false"] == int(g["rules"]["judge_drop_se"] < 4)
+    c["choose_seeds"], c["confirm_seeds"] = "0-1", "2-3"
+    md = ac.markdown(c)
+    assert "false, held out" in md and "seeds 2-3 (0 failed, 2 healthy)" in md
+    assert "confirm" not in ac.calibrate(chosen)["today"]
