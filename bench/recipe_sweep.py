@@ -16,7 +16,8 @@ base), the learned reward's held-out change (``eval_reward``, final minus base: 
 own reward is a failure), the share of the base's pairwise layout diversity kept
 (``eval_diversity/pairwise``), and the alarms that fired with their first step. A run is
 *failed* when it ends below its base (by more than twice the evaluation's standard error,
-``gain_se``), its learned reward falls, or it keeps under 75% of its base's diversity. Per variant: how many seeds failed, the mean gain (95% t-interval), the paired
+``gain_se``), its learned reward falls (by more than twice its standard error, ``reward_se``,
+where the record has one; any fall in a record made before), or it keeps under 75% of its base's diversity. Per variant: how many seeds failed, the mean gain (95% t-interval), the paired
 gain against the first variant, and the alarms' record on the failed and the healthy runs (an
 alarm is *timely* when its first step is before 40).
 """
@@ -87,6 +88,15 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
+def reward_se(r: dict) -> float:
+    """The standard error of a run's held-out reward change, ``sqrt(se_base^2 + se_final^2)``
+    from the evaluations' ``eval_reward_se`` (over the prompts' means; the two evaluations share
+    prompts and seeds, so treating them as independent overstates it); NaN for a record made
+    before the evaluation reported it."""
+    b, f = r["base"].get("eval_reward_se"), r["final"].get("eval_reward_se")
+    return float("nan") if b is None or f is None else (b * b + f * f) ** 0.5
+
+
 def per_run(r: dict) -> dict:
     """One run's verdict figures (see the module's docstring)."""
     tag = lab.score_key(r)
@@ -96,11 +106,11 @@ def per_run(r: dict) -> dict:
     kept = r["final"].get("eval_diversity/pairwise", float("nan")) / div_base
     alarms = ((r.get("monitors") or {}).get("alarms")) or {}
     first = {k: v["first_step"] for k, v in alarms.items() if v.get("first_step") is not None}
-    se = gain_se(r)
+    se, rse = gain_se(r), reward_se(r)
     failed = []
     if gain < (-NOISE_SE * se if se == se else 0.0):  # no per-tag figures: any loss
         failed.append("below base")
-    if reward < 0:
+    if reward < (-NOISE_SE * rse if rse == rse else 0.0):  # recorded without its se: any fall
         failed.append("reward falls")
     if kept < KEEP_DIVERSITY:
         failed.append(f"diversity < {KEEP_DIVERSITY:.0%}")
@@ -109,7 +119,7 @@ def per_run(r: dict) -> dict:
     # before they landed has no second draw and cannot be judged by them
     judged = any(k.startswith("probe/se/") for row in r.get("rows", []) for k in row)
     return {"seed": r["seed"], "gain": gain, "gain_se": se, "below_base": gain < 0,
-            "reward_change": reward, "diversity_kept": kept,
+            "reward_change": reward, "reward_se": rse, "diversity_kept": kept,
             "failed": failed, "alarms": first, "timely_alarms": timely, "judged": judged}  # fmt: skip
 
 
@@ -149,7 +159,8 @@ def markdown(rows: list[dict], steps: int) -> str:
         f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
         "torch thread (world: shapes, this machine's rounding). Failed = below base (a gain "
         f"under -{NOISE_SE:g} standard errors of the evaluation, binomial per tag, "
-        f"`gain_se`: about {_mean_se(rows):.3f}), learned reward falls, or under "
+        f"`gain_se`: about {_mean_se(rows):.3f}), learned reward falls (by more than "
+        f"{NOISE_SE:g} of its standard errors where the run recorded them, else at all), or under "
         f"{KEEP_DIVERSITY:.0%} of the base's pairwise diversity; 'below 0' counts the seeds "
         "with any negative gain. "
         f"Alarms (runs recorded with the probe alarms only): failed runs caught before step "

@@ -158,6 +158,26 @@ def test_training_evaluation_reports_per_tag_figures():
     assert out["eval_reward"] == pytest.approx(weighted, rel=1e-5)
 
 
+def test_the_rewards_standard_error_counts_prompts_not_samples():
+    """eval_reward_se: with the prompts known (tags), the SE over the prompts' means, so a
+    prompt's correlated samples do not shrink it; without, over the samples; NaN skipped."""
+    import math
+
+    from maskgrpo_ray.evaluation.generation import mean_se, summarize
+
+    # 3 prompts x 2 samples; each prompt's samples equal: the samples' SE would be too small
+    x = torch.tensor([1.0, 1.0, 2.0, 2.0, 6.0, 6.0])
+    assert mean_se(x, 3) == pytest.approx(float(torch.tensor([1.0, 2.0, 6.0]).std()) / 3**0.5)
+    assert mean_se(x) == pytest.approx(float(x.std()) / 6**0.5)
+    assert mean_se(x) < mean_se(x, 3)
+    assert mean_se(torch.tensor([1.0, math.nan, 3.0])) == pytest.approx(1.0)  # sd 2**0.5 over 2**0.5
+    assert math.isnan(mean_se(torch.tensor([1.0])))
+    out = summarize([{"reward": x}], ["a", "a", "b"])
+    assert out["eval_reward_se"] == pytest.approx(mean_se(x, 3))
+    assert summarize([{"reward": x}])["eval_reward_se"] == pytest.approx(mean_se(x))
+    assert "eval_accuracy_se" not in summarize([{"reward": x, "accuracy": x}])
+
+
 def test_maskgrpo_eval_with_fid_against_a_reference_folder(tmp_path):
     from PIL import Image
 

@@ -103,3 +103,17 @@ def test_alarm_calibration_scores_the_front_on_seeds_it_was_not_chosen_on(monkey
     md = ac.markdown(c)
     assert "false, held out" in md and "seeds 2-3 (0 failed, 2 healthy)" in md
     assert "confirm" not in ac.calibrate(chosen)["today"]
+
+
+def test_the_learned_reward_falls_only_beyond_its_noise_where_the_record_has_it():
+    from bench import recipe_sweep as rs
+
+    r = _record(0.1, 0.0, 0.2)
+    r["final"]["eval_reward"] = 19.91  # -0.09
+    assert "reward falls" in rs.per_run(r)["failed"]  # no se recorded: any fall
+    r["base"]["eval_reward_se"], r["final"]["eval_reward_se"] = 0.03, 0.04
+    v = rs.per_run(r)
+    assert math.isclose(v["reward_se"], 0.05)
+    assert "reward falls" not in v["failed"]  # -0.09 is under 2 se: inside the noise
+    r["final"]["eval_reward"] = 19.89  # -0.11
+    assert "reward falls" in rs.per_run(r)["failed"]

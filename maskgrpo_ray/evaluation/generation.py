@@ -180,6 +180,16 @@ def ceiling_figures(
     return summarize([{CEILING: distinct_ceiling(count, prompts, samples_per_prompt)}], tags)
 
 
+def mean_se(x: torch.Tensor, prompts: int | None = None) -> float:
+    """The standard error of the mean of ``x`` (``[P * S]``, prompt-major, NaN skipped): with
+    ``prompts`` = P, the sample standard deviation of the P prompts' means over sqrt(P) (the
+    prompts are the independent draws); else of the samples. NaN with fewer than two."""
+    if prompts and x.numel() % prompts == 0 and x.numel() > prompts:
+        x = x.view(prompts, -1).nanmean(dim=1)
+    x = x[torch.isfinite(x)].double()
+    return float(x.std() / x.numel() ** 0.5) if x.numel() > 1 else math.nan
+
+
 def summarize(
     per_unit: Sequence[dict[str, torch.Tensor]],
     tags: Sequence[str | None] | None = None,
@@ -191,6 +201,9 @@ def summarize(
     (one per prompt, in prompt order: the prompts' GenEval tags), also ``eval_<key>/<tag>`` per
     tag, and ``eval_accuracy/tag_mean``: the mean of the tags' accuracies, GenEval's "Overall"
     (``eval_accuracy`` weighs every image alike, so a tag with more prompts weighs more).
+    ``eval_reward_se``: the standard error of ``eval_reward``, from the prompts' mean rewards
+    when ``tags`` says how many prompts there are (a prompt's samples are correlated), else from
+    the samples (:func:`mean_se`).
     ``extra``: more per-sample keys summarised alike (a monitor probe's :data:`PROBE_FIGURES`)."""
     out: dict[str, float] = {}
     for key in ("reward", "accuracy", *FIGURES, *extra):
@@ -207,6 +220,8 @@ def summarize(
         for suffix, hit in groups.items():
             v = x[hit & torch.isfinite(x)]
             out[f"eval_{key}{suffix}"] = float(v.mean()) if v.numel() else math.nan
+        if key == "reward":
+            out["eval_reward_se"] = mean_se(x, len(tags) if tags is not None else None)
         if key == "accuracy" and len(groups) > 1:
             per_tag = [out[f"eval_accuracy{s}"] for s in groups if s]
             out["eval_accuracy/tag_mean"] = sum(per_tag) / len(per_tag)

@@ -182,13 +182,13 @@ def grid_figure(
 
 def eval_curves_figure(rows: Sequence[dict[str, Any]]) -> Any:
     """Every ``eval_*`` key of a run's ``metrics.jsonl`` rows over training steps (rows without
-    the key are gaps), or None when the rows have none."""
+    the key are gaps; standard errors, ``*_se``, left out), or None when the rows have none."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({k for r in rows for k in r if k.startswith("eval_")})
+    keys = sorted({k for r in rows for k in r if k.startswith("eval_") and not k.endswith("_se")})
     if not keys:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -33,7 +33,7 @@ from maskgrpo_ray.loop.executor import Executor
 log = logging.getLogger(__name__)
 
 SECTIONS = ("model", "data", "rollout", "reward", "eval")
-VERSION = 1  # bump when the evaluation's code changes what it reports
+VERSION = 2  # bump when the evaluation's code changes what it reports
 
 
 @dataclass(frozen=True)
