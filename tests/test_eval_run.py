@@ -170,7 +170,9 @@ def test_the_rewards_standard_error_counts_prompts_not_samples():
     assert mean_se(x, 3) == pytest.approx(float(torch.tensor([1.0, 2.0, 6.0]).std()) / 3**0.5)
     assert mean_se(x) == pytest.approx(float(x.std()) / 6**0.5)
     assert mean_se(x) < mean_se(x, 3)
-    assert mean_se(torch.tensor([1.0, math.nan, 3.0])) == pytest.approx(1.0)  # sd 2**0.5 over 2**0.5
+    assert mean_se(torch.tensor([1.0, math.nan, 3.0])) == pytest.approx(
+        1.0
+    )  # sd 2**0.5 over 2**0.5
     assert math.isnan(mean_se(torch.tensor([1.0])))
     out = summarize([{"reward": x}], ["a", "a", "b"])
     assert out["eval_reward_se"] == pytest.approx(mean_se(x, 3))
