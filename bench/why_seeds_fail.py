@@ -103,6 +103,8 @@ def shapes_records(steps: int = 60) -> list[dict[str, Any]]:
     for p in sorted(lab.CACHE.glob("*.json")):
         r = json.loads(p.read_text())
         if r.get("config") == rs.CONFIG and r.get("steps") == steps and "final" in r:
+            r["key"] = p.stem  # the record's file is named by its key
+            r["variant"] = rs.label(r)  # today's name for what it ran
             out.append(r)
     return out
 
