@@ -85,6 +85,11 @@ class Head:
                 "--num-cpus=4",
                 f"--port={port}",
                 f"--dashboard-port={self.dash}",
+                # the job agent's HTTP port (Ray's default 52365) may still be held by another
+                # head's agent: an in-process cluster of an earlier test leaves its agent up for
+                # a while after ray.shutdown(), and a job submitted here then lands in that dead
+                # cluster ("Job ... does not exist" on every status call after a good submit)
+                f"--dashboard-agent-listen-port={_free_port()}",
             ],
             env=env,
             capture_output=True,
