@@ -18,8 +18,21 @@ umask 077 # anything this script creates (the token file included) is the owner'
 if [[ ! -s "$token" ]]; then
     "$ray_bin" get-auth-token --generate >/dev/null
 fi
+# The job agent's HTTP port (Ray's default 52365) held by another process (often the agent of
+# a Ray cluster that has just stopped, which lingers for a while): `ray job submit` to this head
+# would reach that agent and its dead cluster instead. Unless the port is given, a free one is
+# taken, and said.
+busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+agent_port=()
+if [[ " $* " != *" --dashboard-agent-listen-port"* ]] && busy 52365; then
+    p=52366
+    while busy "$p" && [[ $p -lt 52465 ]]; do p=$((p + 1)); done
+    echo "deploy/start_head.sh: 127.0.0.1:52365 (Ray's job agent port) is in use by another process; this head's job agent listens on $p instead (--dashboard-agent-listen-port=$p)" >&2
+    agent_port=("--dashboard-agent-listen-port=$p")
+fi
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "$ray_bin" start --head --node-ip-address=127.0.0.1 \
-    --dashboard-host=127.0.0.1 --metrics-export-port="${METRICS_EXPORT_PORT:-8090}" "$@"
+    --dashboard-host=127.0.0.1 --metrics-export-port="${METRICS_EXPORT_PORT:-8090}" \
+    "${agent_port[@]}" "$@"
 [[ -f "$token" ]] || { echo "deploy/start_head.sh: no token file at $token after ray start" >&2; exit 2; }
 chmod 600 "$token"
 echo "deploy/start_head.sh: head on 127.0.0.1, token auth on; token file $token mode $(stat -c %a "$token")"

@@ -541,3 +541,44 @@ def test_the_head_start_leaves_the_token_file_owner_only(tmp_path):
     assert "--dashboard-host=127.0.0.1" in start and "--num-cpus=2" in start
     head = yaml.safe_load(CLUSTER_YAML.read_text())["head_start_ray_commands"][-1]
     assert head.index("chmod 600 ~/.ray/auth_token") > head.index("ray start --head")
+
+
+def test_a_held_job_agent_port_gives_the_head_another_one_and_says_so(tmp_path):
+    """Port 52365 (the job agent's, Ray's default) held by another process (a stopped cluster's
+    agent lingers for a while, and a job submitted to the new head would land in the dead
+    one): ``deploy/start_head.sh`` starts the head with a free agent port and says which. An
+    agent port given by hand is left alone."""
+    import socket
+
+    log, fake = tmp_path / "calls.log", tmp_path / "ray"
+    fake.write_text(
+        f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
+        'mkdir -p "$HOME/.ray"; echo t > "$HOME/.ray/auth_token"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "RAY_BIN": str(fake)}
+    holder = socket.socket()
+    try:
+        try:
+            holder.bind(("127.0.0.1", 52365))
+            holder.listen(1)
+        except OSError:  # already held by another process: the case under test all the same
+            pass
+        for extra in ([], ["--dashboard-agent-listen-port=40001"]):
+            out = subprocess.run(
+                ["bash", str(ROOT / "deploy" / "start_head.sh"), "--num-cpus=1", *extra],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            start = next(c for c in log.read_text().splitlines()[::-1] if "start --head" in c)
+            ports = re.findall(r"--dashboard-agent-listen-port=(\d+)", start)
+            if extra:
+                assert ports == ["40001"] and "in use" not in out.stderr
+            else:
+                assert len(ports) == 1 and ports[0] != "52365", start
+                assert f"listens on {ports[0]} instead" in out.stderr, out.stderr
+    finally:
+        holder.close()
