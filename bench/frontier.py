@@ -142,7 +142,7 @@ def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> 
     """One row per recipe: the judge's figures from ``runs`` (paired against :data:`REF`),
     the learner's work on the world (``world[name]``) and the planner's Show-o speed."""
     sub = [r for r in runs if r["seed"] in seeds]
-    ref_gains = [pt.figures(r)["gain"] for r in lab.of(sub, REF)]
+    ref_gain = {r["seed"]: pt.figures(r)["gain"] for r in lab.of(sub, REF)}
     rows = []
     for n in names:
         rs = lab.of(sub, n)
@@ -159,7 +159,8 @@ def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> 
             row["d_final"] = lab.interval(d)
             dp = [x for x in lab.paired(sub, n, REF, lambda r: pt.figures(r)["pairwise"])]
             row["d_pairwise"] = pt._finite(dp)
-            row.update(keeps(ref_gains, d))
+            # the reference's gain on the seeds this recipe ran (a batch under way: fewer)
+            row.update(keeps([ref_gain[r["seed"]] for r in rs if r["seed"] in ref_gain], d))
         rows.append(row)
     return rows
 
@@ -169,10 +170,10 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str) -> str
         f"{config}, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), {steps} steps each; 95% "
         f"t-intervals, paired against {REF!r}. Show-o column: the planner on {SHOWO} with the "
         f"recipe's overrides, {GPUS} H100 (a model, not a measurement).\n",
-        "| recipe | judge's gain | vs reference, paired | gain kept [interval] | verdict "
+        "| recipe | seeds | judge's gain | vs reference, paired | gain kept [interval] | verdict "
         "(>= 90%, low > 75%) | pairwise layout distance | vs reference | learner passes / "
         "image (step) | Show-o 512: passes / image | img/GPU/s (split; loop) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = pt._ci
@@ -184,7 +185,7 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str) -> str
             else "-"
         )
         out.append(
-            f"| {r['recipe']} | {ci(r['gain'])} | {d} | {kept} | {r.get('verdict', '-')} | "
+            f"| {r['recipe']} | {r['seeds']} | {ci(r['gain'])} | {d} | {kept} | {r.get('verdict', '-')} | "
             f"{ci(r['pairwise'], False)} | {dp} | {r['passes_per_image']:g} "
             f"({r['passes_per_step']:g}) | {r['showo']['passes_per_image']:g} | "
             f"{r['showo']['img_per_gpu_s']:.3f} ({r['showo']['split']}; {r['showo']['loop']}) |"

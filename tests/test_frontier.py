@@ -71,6 +71,21 @@ def test_the_table_pairs_each_recipe_against_the_reference(fr):
     assert "| async lag 1 |" in md and "95% [95%, 95%] | meets |" in md
 
 
+def test_a_batch_under_way_keeps_its_share_of_the_reference_on_its_own_seeds(fr):
+    """A recipe with 2 of the reference's 3 seeds is paired on those 2, and its kept share is
+    of the reference's gain on those 2 (0.11), not on all 3 (0.10)."""
+    ref, lag = fr.REF, "async lag 1"
+    runs = [_run(ref, s, f) for s, f in enumerate([0.40, 0.42, 0.38])]  # gains 0.10, 0.12, 0.08
+    runs += [_run(lag, s, f) for s, f in enumerate([0.39, 0.41])]  # 0.01 below, seeds 0 and 1
+    work = {"passes_per_image": 16, "passes_per_step": 1536, "pairs_per_image": 16}
+    showo = {"img_per_gpu_s": 0.6, "split": "4+12", "loop": "asynchronous", "passes_per_image": 50}
+    world = {n: {**work, "showo": showo} for n in (ref, lag)}
+    rows = fr.table(runs, [ref, lag], [0, 1, 2], world)
+    assert [r["seeds"] for r in rows] == [3, 2]
+    assert rows[1]["kept"] == pytest.approx(1 - 0.01 / 0.11)
+    assert "| async lag 1 | 2 |" in fr.markdown(rows, [0, 1, 2], 60, "configs/shapes.yaml")
+
+
 def test_the_recipes_scale_with_the_steps_and_the_combination_joins_two(fr):
     book = fr.recipes("async lag 1+shrinkage s 2")
     assert book["critical steps k = S/4"](16)[-1] == "train.unmasking_steps_trained=4"
