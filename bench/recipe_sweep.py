@@ -104,13 +104,18 @@ def label(r: dict) -> str:
     want = r.get("key")
     if want is None:
         return r["variant"]
+    return _names_by_key(r["seed"], r["steps"]).get(want, r["variant"])
+
+
+@functools.cache
+def _names_by_key(seed: int, steps: int) -> dict[str, str]:
+    """Today's :data:`VARIANTS` by their run's key at ``seed`` and ``steps`` (a key resolves
+    the config: computed once per seed and steps, not once per record)."""
+    keys = {}
     for name, over in VARIANTS.items():
-        job = lab.Job(
-            name, tuple(over), r["seed"], r["steps"], config=CONFIG, extra=tuple(pt.COMMON)
-        )
-        if job.key() == want:
-            return name
-    return r["variant"]
+        job = lab.Job(name, tuple(over), seed, steps, config=CONFIG, extra=tuple(pt.COMMON))
+        keys.setdefault(job.key(), name)
+    return keys
 
 
 def reward_se(r: dict) -> float:
