@@ -165,11 +165,23 @@ def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> 
     return rows
 
 
-def markdown(rows: list[dict], seeds: list[int], steps: int, config: str) -> str:
+def markdown(rows: list[dict], seeds: list[int], steps: int, config: str, missing: int = 0) -> str:
+    """The table; with ``missing`` runs not yet recorded, a line that says the batch is under
+    way (rows with fewer seeds are partial) and how it resumes."""
     out = [
         f"{config}, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), {steps} steps each; 95% "
         f"t-intervals, paired against {REF!r}. Show-o column: the planner on {SHOWO} with the "
         f"recipe's overrides, {GPUS} H100 (a model, not a measurement).\n",
+    ]
+    if missing:
+        total = missing + sum(r["seeds"] for r in rows)
+        out.append(
+            f"**Under way: {missing} of {total} runs not yet recorded.** A row with fewer "
+            f"than {len(seeds)} seeds is partial, and its verdict is not final. The batch "
+            f"resumes from the records: `python -m bench.frontier --seeds {seeds[0]}-"
+            f"{seeds[-1]} --jobs 2 --commit`.\n"
+        )
+    out += [
         "| recipe | seeds | judge's gain | vs reference, paired | gain kept [interval] | verdict "
         "(>= 90%, low > 75%) | pairwise layout distance | vs reference | learner passes / "
         "image (step) | Show-o 512: passes / image | img/GPU/s (split; loop) |",
@@ -262,8 +274,10 @@ def main() -> None:
 
     runs = lab.run_from_args(jobs, a, lab.progress(44, describe))
     rows = table(runs, names, seeds, world)
-    md = markdown(rows, seeds, a.steps, a.config)
-    record = {"config": a.config, "steps": a.steps, "seeds": seeds, "rows": rows}
+    missing = len(jobs) - sum(r["seeds"] for r in rows)
+    md = markdown(rows, seeds, a.steps, a.config, missing)
+    record = {"config": a.config, "steps": a.steps, "seeds": seeds, "missing": missing}
+    record["rows"] = rows
     lab.write_results(a.out, record, md, a.markdown)
     if a.plot:
         plot(rows, a.plot, f"{a.config}, seeds {a.seeds}, {a.steps} steps")

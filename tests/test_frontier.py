@@ -83,7 +83,9 @@ def test_a_batch_under_way_keeps_its_share_of_the_reference_on_its_own_seeds(fr)
     rows = fr.table(runs, [ref, lag], [0, 1, 2], world)
     assert [r["seeds"] for r in rows] == [3, 2]
     assert rows[1]["kept"] == pytest.approx(1 - 0.01 / 0.11)
-    assert "| async lag 1 | 2 |" in fr.markdown(rows, [0, 1, 2], 60, "configs/shapes.yaml")
+    md = fr.markdown(rows, [0, 1, 2], 60, "configs/shapes.yaml", missing=1)
+    assert "| async lag 1 | 2 |" in md and "Under way: 1 of 6 runs not yet recorded" in md
+    assert "Under way" not in fr.markdown(rows, [0, 1, 2], 60, "configs/shapes.yaml")
 
 
 def test_the_recipes_scale_with_the_steps_and_the_combination_joins_two(fr):
