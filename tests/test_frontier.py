@@ -98,6 +98,13 @@ def test_the_recipes_scale_with_the_steps_and_the_combination_joins_two(fr):
     ]
     combo = book["combination: async lag 1 + shrinkage s 2"](16)
     assert combo == ["rollout.max_policy_lag=1", "train.trajectory_shrinkage=2"]
+    two = fr.recipes("async lag 1+shrinkage s 2;async lag 2+group random k = S/4 (unbiased)")
+    assert two["combination: async lag 1 + shrinkage s 2"](16) == combo
+    assert two["combination: async lag 2 + group random k = S/4 (unbiased)"](16) == [
+        "rollout.max_policy_lag=2",
+        "train.unmasking_step_selection=group_random",
+        "train.unmasking_steps_trained=4",
+    ]
     with pytest.raises(SystemExit, match="--combine"):
         fr.recipes("async lag 1+warp drive")
 
