@@ -26,7 +26,7 @@ for Show-o 512 on 16 H100 with the recipe's overrides applied to ``configs/showo
 The verdict (:func:`keeps`): a recipe *meets* the bar when it keeps at least 90% of the
 reference's gain with the lower end of the interval above 75%. The kept share is
 ``1 + d / g``: ``d`` the paired difference of the final score (the base is the same model on
-each seed), ``g`` the reference's mean gain, taken as known (its own spread is not propagated).
+each seed), ``g`` the reference's mean gain on the seeds the recipe ran, taken as known (its own spread is not propagated).
 """
 
 from __future__ import annotations
