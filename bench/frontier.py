@@ -180,7 +180,7 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str, missin
     """The table; with ``missing`` runs not yet recorded, a line that says the batch is under
     way (rows with fewer seeds are partial) and how it resumes."""
     out = [
-        f"{config}, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), {steps} steps each; 95% "
+        f"{config}, seeds {lab.seeds_spec(seeds)} ({len(seeds)}), {steps} steps each; 95% "
         f"t-intervals, paired against {REF!r}. Show-o column: the planner on {SHOWO} with the "
         f"recipe's overrides, {GPUS} H100 (a model, not a measurement).\n",
     ]
@@ -189,8 +189,8 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str, missin
         out.append(
             f"**Under way: {missing} of {total} runs not yet recorded.** A row with fewer "
             f"than {len(seeds)} seeds is partial, and its verdict is not final. The batch "
-            f"resumes from the records: `python -m bench.frontier --seeds {seeds[0]}-"
-            f"{seeds[-1]} --jobs 2 --commit`.\n"
+            f"resumes from the records: `python -m bench.frontier --seeds "
+            f"{lab.seeds_spec(seeds)} --jobs 2 --commit`.\n"
         )
     out += [
         "| recipe | seeds | judge's gain | vs reference, paired | gain kept [interval] | verdict "

@@ -346,11 +346,32 @@ def of(runs: Sequence[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
 
 
 def seeds_of(spec: str) -> list[int]:
-    """``--seeds`` of the lab's benches: ``0-7`` or ``0,1,2``."""
-    if "-" in spec and "," not in spec:
-        a, b = spec.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in spec.split(",") if s]
+    """``--seeds`` of the lab's benches: ``0-7``, ``0,1,2`` or both (``0-4,10-12``)."""
+    out: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-")
+            out += range(int(a), int(b) + 1)
+        else:
+            out.append(int(part))
+    return out
+
+
+def seeds_spec(seeds: Sequence[int]) -> str:
+    """The shortest ``--seeds`` for ``seeds`` (:func:`seeds_of`'s inverse): runs of consecutive
+    seeds as ranges, ``[0, 1, 2, 3, 4, 10, 11, 12]`` -> ``0-4,10-12``."""
+    parts: list[str] = []
+    ss = sorted(seeds)
+    i = 0
+    while i < len(ss):
+        j = i
+        while j + 1 < len(ss) and ss[j + 1] == ss[j] + 1:
+            j += 1
+        parts.append(str(ss[i]) if i == j else f"{ss[i]}-{ss[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def variants_of(spec: str, known: Sequence[str], reference: str) -> list[str]:

@@ -50,8 +50,8 @@ def _orders(pt, finals: dict[str, list[float]]) -> dict[str, str]:
     seeds = list(range(len(next(iter(finals.values())))))
     t = pt.table(runs, list(finals), seeds)
     md = pt.markdown(t, seeds, 60)
-    assert "| base | 0.53 |" in md and "Diversity of the held-out samples" in md
-    return {o["lower"]: pt.verdict(o["d_final"], len(seeds)) for o in t["orderings"]}
+    assert f"| base | {len(seeds)} | 0.53 |" in md and "Diversity of the held-out samples" in md
+    return {o["lower"]: pt.verdict(o["d_final"], o["seeds"]) for o in t["orderings"]}
 
 
 def test_the_papers_orderings_are_read_off_the_paired_interval(pt):
@@ -70,3 +70,31 @@ def test_the_papers_orderings_are_read_off_the_paired_interval(pt):
     assert noisy[kl].startswith("not resolved")
     one = _orders(pt, {full: [0.5], kl: [0.1]})
     assert one[kl] == "one seed: no interval"
+
+
+def test_a_batch_under_way_makes_a_partial_table_that_says_how_it_resumes(pt):
+    """Seeds 0-4 and 10-12 asked; the KL row has two seeds, the filter row none yet: the table
+    counts each row's and ordering's seeds, leaves out the ordering with no pair, and says how
+    many runs are missing and the command that resumes the batch."""
+    full, kl, nf = pt.FULL, "w/ KL (beta 0.04)", "w/o sample filter"
+    seeds = [0, 1, 2, 3, 4, 10, 11, 12]
+    runs = [_run(full, s, 0.5 + 0.01 * s) for s in seeds] + [_run(kl, s, 0.4) for s in (0, 1)]
+    t = pt.table(runs, [full, kl, nf], seeds)
+    rows = {r["variant"]: r for r in t["rows"]}
+    assert rows["base"]["seeds"] == 8 and rows[kl]["seeds"] == 2 and nf not in rows
+    orders = {o["lower"]: o for o in t["orderings"]}
+    assert orders[kl]["seeds"] == 2 and nf not in orders
+    md = pt.markdown(t, seeds, 60, missing=14)
+    assert "Seeds 0-4,10-12 (8)" in md
+    assert "Under way: 14 of 24 runs not yet recorded" in md
+    assert "python -m bench.paper_table --seeds 0-4,10-12 --jobs 2 --commit" in md
+    assert "Under way" not in pt.markdown(t, seeds, 60)
+
+
+def test_seed_lists_read_ranges_and_lists_and_print_back_the_same():
+    from bench import toy_lab as lab
+
+    assert lab.seeds_of("0-4,10-12") == [0, 1, 2, 3, 4, 10, 11, 12]
+    assert lab.seeds_of("0-7") == list(range(8)) and lab.seeds_of("3,1") == [3, 1]
+    for spec in ("0-4,10-12", "0-7", "2", "0,2,4", "0-1,5,7-9"):
+        assert lab.seeds_spec(lab.seeds_of(spec)) == spec
