@@ -74,9 +74,9 @@ VARIANTS: dict[str, list[str]] = {
     "lr 5e-4 (default before)": BEFORE,
     "lr 2e-4": ["train.learning_rate=2e-4", "train.ema_decay=0"],
     "lr 1e-4": ["train.learning_rate=1e-4", "train.ema_decay=0"],
-    "KL 0.01": [*BEFORE, "train.kl_coef=0.01"],
-    "updates 2 (clip acts)": [*BEFORE, "train.updates_per_batch=2"],
-    "B 16": [*BEFORE, "train.prompts_per_step=16"],
+    "KL 0.01 at lr 5e-4": [*BEFORE, "train.kl_coef=0.01"],
+    "updates 2 at lr 5e-4 (clip acts)": [*BEFORE, "train.updates_per_batch=2"],
+    "B 16 at lr 5e-4": [*BEFORE, "train.prompts_per_step=16"],
     "unguided likelihood": [*BEFORE, "train.likelihood_guidance_scale=0"],
     "lr 2e-4 unguided": [
         "train.learning_rate=2e-4",
@@ -84,6 +84,20 @@ VARIANTS: dict[str, list[str]] = {
         "train.likelihood_guidance_scale=0",
     ],
     "EMA 0.9": ["train.learning_rate=5e-4", "train.ema_decay=0.9"],
+    # the levers the issue names, on today's default (the KL 0.04 row is Table 3's "w/ KL" row:
+    # bench/paper_table.py's runs of it are these records)
+    "KL 0.04": ["train.kl_coef=0.04"],
+    "KL 0.01": ["train.kl_coef=0.01"],
+    "batch std, clip 5": ["train.advantage=batch_std", "train.advantage_clip=5"],
+    "updates 2": ["train.updates_per_batch=2"],
+    "B 16": ["train.prompts_per_step=16"],
+    "G 12": ["rollout.samples_per_prompt=12"],
+    # the frontier's row (bench/frontier.py: the same records): 4 of the 16 unmasking steps
+    # trained, drawn per group; fewer, less correlated gradient terms a step
+    "group-random steps k 4": [
+        "train.unmasking_step_selection=group_random",
+        "train.unmasking_steps_trained=4",
+    ],
     # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
     # reference renders against that step's samples, its own AdamW, its grammar replayed
     "reward refresh": [
