@@ -149,6 +149,52 @@ def planner(overrides: list[str], gpus: int = GPUS) -> dict[str, float | str]:
     }
 
 
+# per-step figures of a run's rows: how stale its samples were and how far off-policy it trained
+POLICY = {
+    "lag": "staleness/lag_mean",
+    "dropped": "staleness/samples_dropped",
+    "abs_log_ratio": "abs_log_ratio_mean",
+    "clip_frac": "clip_frac",
+    "onpolicy_dev": "onpolicy/first_ratio_max_abs_dev",
+    "onpolicy_share": "onpolicy/measured_share",
+}
+
+
+def policy_figures(rs: list[dict]) -> dict[str, float]:
+    """The runs' staleness and on-policy figures: each run's mean over its steps (``dropped``:
+    its sum; ``onpolicy_dev``: its largest, the on-policy check's worst first-pass
+    ``max |ratio - 1|`` where the check measured, i.e. at lag 0; ``onpolicy_share``: the share
+    of a checked step's pairs it measured), then the mean over runs (``onpolicy_dev``: the
+    largest); ``onpolicy_steps``: the share of steps checked; NaN where no step has the figure."""
+    out: dict[str, float] = {}
+    for name, key in POLICY.items():
+        per_run = []
+        for r in rs:
+            xs = [float(x[key]) for x in r.get("rows", []) if isinstance(x.get(key), int | float)]
+            xs = [x for x in xs if math.isfinite(x)]
+            if xs:
+                agg = (
+                    sum
+                    if name == "dropped"
+                    else max
+                    if name == "onpolicy_dev"
+                    else statistics.fmean
+                )
+                per_run.append(agg(xs))
+        if not per_run:
+            out[name] = math.nan
+        else:
+            out[name] = max(per_run) if name == "onpolicy_dev" else statistics.fmean(per_run)
+    checked = [  # the share of a run's steps the on-policy check measured (lag 0 steps)
+        sum(isinstance(x.get(POLICY["onpolicy_dev"]), int | float) for x in r["rows"])
+        / len(r["rows"])
+        for r in rs
+        if r.get("rows")
+    ]
+    out["onpolicy_steps"] = statistics.fmean(checked) if checked else math.nan
+    return out
+
+
 def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> list[dict]:
     """One row per recipe: the judge's figures from ``runs`` (paired against :data:`REF`),
     the learner's work on the world (``world[name]``) and the planner's Show-o speed."""
@@ -163,6 +209,7 @@ def table(runs: list[dict], names: list[str], seeds: list[int], world: dict) -> 
         row: dict = {"recipe": n, "seeds": len(rs), **world[n]}
         row["gain"] = lab.interval([x["gain"] for x in f])
         row["pairwise"] = pt._finite([x["pairwise"] for x in f])
+        row["policy"] = policy_figures(rs)
         measured = [r.get("forward_passes_per_sample", math.nan) for r in rs]
         row["measured_passes_per_image"] = pt._finite(measured)[0]
         if n != REF:
@@ -213,6 +260,31 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str, missin
             f"({r['passes_per_step']:g}) | {r['showo']['passes_per_image']:g} | "
             f"{r['showo']['img_per_gpu_s']:.3f} ({r['showo']['split']}; {r['showo']['loop']}) |"
         )
+    out += [
+        "",
+        "How stale each recipe's samples were and how far off the sampling policy it trained "
+        "(each run's mean over its steps, then the mean over seeds): the policy lag of the "
+        "samples trained (`staleness/lag_mean`), samples dropped as too stale, the learner's "
+        "mean |log ratio| against the rollout's cached log-probs and the share of clipped "
+        "ratios; the on-policy check (steps at lag 0 only: the first pass's worst "
+        "`max |ratio - 1|` over every step and seed, the share of steps it checked and of a "
+        "checked step's pairs it measured).\n",
+        "| recipe | policy lag | samples dropped | mean abs log ratio | clipped share | "
+        "on-policy check: worst dev (steps; pairs checked) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r.get("policy", {})
+
+        def f(k: str, fmt: str, p: dict = p) -> str:
+            v = p.get(k, math.nan)
+            return format(v, fmt) if math.isfinite(v) else "-"
+
+        check = f"{f('onpolicy_dev', '.1e')} ({f('onpolicy_steps', '.0%')}; {f('onpolicy_share', '.0%')})"
+        out.append(
+            f"| {r['recipe']} | {f('lag', '.2f')} | {f('dropped', '.1f')} | "
+            f"{f('abs_log_ratio', '.3f')} | {f('clip_frac', '.3f')} | {check} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -223,21 +295,22 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in rows:
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for i, r in enumerate(rows, 1):  # numbered points, the names in the legend: no overlaps
         x, (m, h) = r["showo"]["img_per_gpu_s"], r["gain"]
-        ax.errorbar(x, m, yerr=h, fmt="o", capsize=3)
-        ax.annotate(r["recipe"], (x, m), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.errorbar(x, m, yerr=h, fmt="o", capsize=3, label=f"{i}. {r['recipe']}")
+        ax.annotate(str(i), (x, m), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.axhline(0.0, lw=0.6, c="black")
     ref = next((r for r in rows if r["recipe"] == REF), None)
     if ref is not None:
         ax.axhline(ref["gain"][0] * KEEP, ls="--", lw=0.8, c="grey", label="90% of its gain")
-        ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     ax.set_xlabel(f"planner: Show-o 512 images per GPU-second, {GPUS} H100")
     ax.set_ylabel("judge's gain over the base (held-out GenEval proxy)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

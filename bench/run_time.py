@@ -8,8 +8,10 @@ seconds (``generate_seconds``), the learner's (``update_seconds``) and the whole
 (``step_seconds``: also reward, filter re-sampling, the monitors' rules and logging), the base
 model's held-out evaluation (``base_eval_seconds``: near 0 where ``eval.reuse_base_evaluation``
 found it kept) and the final one. What the record does not time is the rest: start-up (the
-world, the models), the in-run evaluations (``eval.every_steps``) and the monitors' probes
-(``logging.monitors.probe_every_steps``; step 0's draws the base twice).
+world, the models) and, in records made before the lab kept their seconds
+(``in_run_eval_seconds``, ``probe_seconds``: "-" in the table), the in-run evaluations
+(``eval.every_steps``) and the monitors' probes (``logging.monitors.probe_every_steps``; step 0
+draws the base twice).
 
 Per recipe (the record's ``variant``, by today's name where the recipe sweep knows its key) and base evaluation (run or reused): the median of
 each part over its runs, and each part's share of the wall time. The runs were timed under the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -29,7 +32,16 @@ from pathlib import Path
 from bench import recipe_sweep as rs
 from bench import toy_lab as lab
 
-PARTS = ("generate", "update", "step other", "base eval", "final eval", "rest")
+PARTS = (
+    "generate",
+    "update",
+    "step other",
+    "base eval",
+    "in-run evals",
+    "probes",
+    "final eval",
+    "rest",
+)
 REUSED_BELOW = 1.0  # seconds: a base evaluation this short was read back, not run
 
 
@@ -39,14 +51,19 @@ def parts(r: dict) -> dict[str, float]:
     steps = n * r["step_seconds"]
     gen, upd = n * r["generate_seconds"], n * r["update_seconds"]
     base, final = r.get("base_eval_seconds") or 0.0, r.get("final_eval_seconds") or 0.0
+    # timed in records made since the lab kept them (NaN before: then inside "rest")
+    evals, probes = r.get("in_run_eval_seconds", math.nan), r.get("probe_seconds", math.nan)
+    timed = (evals if math.isfinite(evals) else 0.0) + (probes if math.isfinite(probes) else 0.0)
     return {
         "wall": r["wall_seconds"],
         "generate": gen,
         "update": upd,
         "step other": max(steps - gen - upd, 0.0),
         "base eval": base,
+        "in-run evals": evals,
+        "probes": probes,
         "final eval": final,
-        "rest": r["wall_seconds"] - steps - base - final,
+        "rest": r["wall_seconds"] - steps - base - final - timed,
     }
 
 
@@ -72,7 +89,8 @@ def table(records: Iterable[dict]) -> list[dict]:
             "runs": len(ps),
         }
         for k in ("wall", *PARTS):
-            row[k] = statistics.median(p[k] for p in ps)
+            xs = [p[k] for p in ps if math.isfinite(p[k])]
+            row[k] = statistics.median(xs) if xs else math.nan
         rows.append(row)
     return rows
 
@@ -85,7 +103,9 @@ def markdown(rows: list[dict]) -> str:
         "|---" * (len(PARTS) + 4) + "|",
     ]
     for r in rows:
-        cells = [f"{r[k]:.0f} ({r[k] / r['wall']:.0%})" for k in PARTS]
+        cells = [
+            f"{r[k]:.0f} ({r[k] / r['wall']:.0%})" if math.isfinite(r[k]) else "-" for k in PARTS
+        ]
         out.append(
             f"| {r['variant']} | {r['base_eval']} | {r['runs']} | {r['wall']:.0f} | "
             + " | ".join(cells)

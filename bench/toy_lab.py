@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -159,6 +160,9 @@ def run_job(job: Job) -> dict[str, Any]:
         # the learner's model input rows per image and update (NaN in records made before it)
         "forward_passes_per_sample": _mean(r.get("forward_passes_per_sample") for r in rows),
         "base_eval_seconds": s.get("base_eval_seconds"),
+        # the in-run evaluations' and the monitors' probes' seconds, summed over the run
+        "in_run_eval_seconds": _sum(r.get("time/eval") for r in rows),
+        "probe_seconds": _sum(r.get("time/monitor_probe") for r in rows),
         "final_eval_seconds": s.get("final_eval_seconds"),
         "monitors": s.get("monitors"),  # each alarm's first step, where any fired
         # every step's numeric figures (timings and byte counts left out), so monitors and
@@ -182,6 +186,10 @@ def _eval_key(key: str) -> bool:
     """An evaluation figure the lab keeps: the EVAL_KEYS and their per-tag values
     (``eval_accuracy/<tag>``, ...), and the diversity ceiling where a world reports one."""
     return key.startswith(("eval_accuracy", "eval_reward", "eval_diversity"))
+
+
+def _sum(xs: Iterable[Any]) -> float:
+    return sum(float(x) for x in xs if x is not None and math.isfinite(float(x)))
 
 
 def _mean(xs: Iterable[Any]) -> float:
@@ -348,30 +356,20 @@ def of(runs: Sequence[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
 def seeds_of(spec: str) -> list[int]:
     """``--seeds`` of the lab's benches: ``0-7``, ``0,1,2`` or both (``0-4,10-12``)."""
     out: list[int] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-")
-            out += range(int(a), int(b) + 1)
-        else:
-            out.append(int(part))
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
     return out
 
 
 def seeds_spec(seeds: Sequence[int]) -> str:
     """The shortest ``--seeds`` for ``seeds`` (:func:`seeds_of`'s inverse): runs of consecutive
     seeds as ranges, ``[0, 1, 2, 3, 4, 10, 11, 12]`` -> ``0-4,10-12``."""
-    parts: list[str] = []
-    ss = sorted(seeds)
-    i = 0
-    while i < len(ss):
-        j = i
-        while j + 1 < len(ss) and ss[j + 1] == ss[j] + 1:
-            j += 1
-        parts.append(str(ss[i]) if i == j else f"{ss[i]}-{ss[j]}")
-        i = j + 1
-    return ",".join(parts)
+    runs = [
+        [s for _, s in g]
+        for _, g in itertools.groupby(enumerate(sorted(seeds)), lambda x: x[1] - x[0])
+    ]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def variants_of(spec: str, known: Sequence[str], reference: str) -> list[str]:

@@ -3,6 +3,7 @@ gain a recipe keeps, read off the paired interval, and the bar (>= 90% kept, low
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,31 @@ def test_the_planner_speed_of_a_recipe(fr):
     assert full["passes_per_image"] == 50 and s2["passes_per_image"] == 25
     assert s2["img_per_gpu_s"] > full["img_per_gpu_s"] and lag["loop"] == "asynchronous"
     assert full["evidence"].startswith("paper:") and s2["evidence"].startswith("no quality")
+
+
+def test_a_recipes_staleness_and_on_policy_figures_come_from_its_runs_rows(fr):
+    """Lag 1: the check measures step 0 only (the rest trains stale samples); each run's mean
+    over its steps, the worst deviation over every step and run, the drops summed per run."""
+
+    def rows(lag: float, ratio: float, dev: float | None, dropped: float) -> list[dict]:
+        out = []
+        for step in range(4):
+            row = {"step": step, "staleness/lag_mean": 0.0 if step == 0 else lag,
+                   "staleness/samples_dropped": dropped, "abs_log_ratio_mean": ratio,
+                   "clip_frac": 0.1 * ratio}  # fmt: skip
+            if step == 0 or lag == 0:
+                row["onpolicy/first_ratio_max_abs_dev"] = dev
+                row["onpolicy/measured_share"] = 0.5
+            out.append(row)
+        return out
+
+    a = {"rows": rows(1.0, 0.4, 0.0, 0.0)}
+    b = {"rows": rows(1.0, 0.8, 2e-6, 1.0)}
+    p = fr.policy_figures([a, b])
+    assert p["lag"] == pytest.approx(0.75) and p["dropped"] == pytest.approx(2.0)
+    assert p["abs_log_ratio"] == pytest.approx(0.6) and p["clip_frac"] == pytest.approx(0.06)
+    assert p["onpolicy_dev"] == pytest.approx(2e-6) and p["onpolicy_steps"] == pytest.approx(0.25)
+    assert p["onpolicy_share"] == pytest.approx(0.5)
+    sync = fr.policy_figures([{"rows": rows(0.0, 0.0, 0.0, 0.0)}])
+    assert sync["onpolicy_steps"] == 1.0 and sync["lag"] == 0.0
+    assert math.isnan(fr.policy_figures([{"rows": [{"step": 0}]}])["lag"])

@@ -190,7 +190,9 @@ class _Loop:
         count_step(cfg, out, self.totals)
         every = cfg.eval.every_steps
         if every and (step + 1) % every == 0 and step < cfg.train.steps - 1:
+            t_eval = time.perf_counter()
             row.update(evaluate_held_out(cfg, self.ex, self.eval_prompts))
+            row["time/eval"] = time.perf_counter() - t_eval  # the in-run held-out evaluation
         if out.grid is not None:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
