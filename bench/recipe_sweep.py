@@ -89,6 +89,12 @@ VARIANTS: dict[str, list[str]] = {
     "KL 0.04": ["train.kl_coef=0.04"],
     "KL 0.01": ["train.kl_coef=0.01"],
     "batch std, clip 5": ["train.advantage=batch_std", "train.advantage_clip=5"],
+    # the two together: batch-std advantages for the gain, KL to the base for the diversity
+    "batch std, clip 5, KL 0.01": [
+        "train.advantage=batch_std",
+        "train.advantage_clip=5",
+        "train.kl_coef=0.01",
+    ],
     "updates 2": ["train.updates_per_batch=2"],
     "B 16": ["train.prompts_per_step=16"],
     "G 12": ["rollout.samples_per_prompt=12"],
