@@ -160,6 +160,10 @@ POLICY = {
 }
 
 
+# how a figure is summed up within a run, then over runs (the others: the mean, then the mean)
+_AGG = {"dropped": (sum, statistics.fmean), "onpolicy_dev": (max, max)}
+
+
 def policy_figures(rs: list[dict]) -> dict[str, float]:
     """The runs' staleness and on-policy figures: each run's mean over its steps (``dropped``:
     its sum; ``onpolicy_dev``: its largest, the on-policy check's worst first-pass
@@ -168,23 +172,14 @@ def policy_figures(rs: list[dict]) -> dict[str, float]:
     largest); ``onpolicy_steps``: the share of steps checked; NaN where no step has the figure."""
     out: dict[str, float] = {}
     for name, key in POLICY.items():
+        in_run, over_runs = _AGG.get(name, (statistics.fmean, statistics.fmean))
         per_run = []
         for r in rs:
             xs = [float(x[key]) for x in r.get("rows", []) if isinstance(x.get(key), int | float)]
             xs = [x for x in xs if math.isfinite(x)]
             if xs:
-                agg = (
-                    sum
-                    if name == "dropped"
-                    else max
-                    if name == "onpolicy_dev"
-                    else statistics.fmean
-                )
-                per_run.append(agg(xs))
-        if not per_run:
-            out[name] = math.nan
-        else:
-            out[name] = max(per_run) if name == "onpolicy_dev" else statistics.fmean(per_run)
+                per_run.append(in_run(xs))
+        out[name] = over_runs(per_run) if per_run else math.nan
     checked = [  # the share of a run's steps the on-policy check measured (lag 0 steps)
         sum(isinstance(x.get(POLICY["onpolicy_dev"]), int | float) for x in r["rows"])
         / len(r["rows"])
