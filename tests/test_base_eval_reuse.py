@@ -1,7 +1,7 @@
 """``eval.reuse_base_evaluation``: a batch of recipes on one seed evaluates the base once.
 
-The second run with the same base, settings and seed reads the first's base evaluation (and
-says so in the log); a run with another seed or another evaluation setting evaluates again;
+The second run with the same base, settings and seed reads the first's base evaluation and its
+step-0 monitor probe (and says so in the log); a run with another seed or another evaluation setting evaluates again;
 and what a run learns is the same with and without the reuse (its training rows equal)."""
 
 from __future__ import annotations
@@ -39,12 +39,17 @@ def test_the_second_run_reuses_and_learns_the_same(tmp_path, cache, caplog):
     plain_rows, plain = _train(tmp_path / "plain")
     assert not cache.exists()  # off by default: nothing kept
     first_rows, first = _train(tmp_path / "a", "eval.reuse_base_evaluation=true")
-    assert len(list(cache.glob("*.json"))) == 1
+    assert len(list(cache.glob("probe-*.json"))) == 1  # the monitors' probe of the base
+    assert len(list(cache.glob("*.json"))) == 2
     caplog.set_level(logging.INFO, logger=base_eval.__name__)
     second_rows, second = _train(tmp_path / "b", "eval.reuse_base_evaluation=true")
-    assert any("evaluation reused" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("held-out evaluation reused" in m for m in said)
+    assert any("monitor probe reused" in m for m in said)
     assert second["base_eval"] == first["base_eval"] == plain["base_eval"]
-    # the evaluation draws from its own seeded generators: the training is untouched
+    # the evaluation draws from its own seeded generators: the training is untouched, and the
+    # probe read back is the probe drawn (its figures, the base's standard errors among them)
+    assert any(k.startswith("probe/se/") for k in second_rows[0])
     assert plain_rows == first_rows == second_rows
     assert second["final_eval"] == plain["final_eval"]
 
@@ -53,7 +58,11 @@ def test_another_seed_or_evaluation_setting_evaluates_again(tmp_path, cache):
     _train(tmp_path / "a", "eval.reuse_base_evaluation=true")
     _train(tmp_path / "b", "eval.reuse_base_evaluation=true", "run.seed=1")
     _train(tmp_path / "c", "eval.reuse_base_evaluation=true", "eval.samples_per_prompt=2")
-    assert len(list(cache.glob("*.json"))) == 3
+    assert len(list(cache.glob("*.json"))) == 3 * 2
+    # the probe's own settings: a new probe, the held-out evaluation reused
+    _train(tmp_path / "d", "eval.reuse_base_evaluation=true", "logging.monitors.probe_prompts=4")
+    assert len(list(cache.glob("probe-*.json"))) == 4
+    assert len(list(cache.glob("*.json"))) == 3 * 2 + 1
 
 
 def test_the_key_sees_the_weights():

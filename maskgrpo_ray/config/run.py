@@ -53,11 +53,12 @@ class EvalConfig(Strict):
     )
     reuse_base_evaluation: bool = Field(
         False,
-        description="keep the base model's held-out evaluation on disk "
-        "($MASKGRPO_CACHE_DIR/base_eval/) and reuse it in later runs with the same base weights "
-        "(hashed), model, data, rollout, reward, evaluation settings and run.seed: recipes "
-        "compared on a seed evaluate the base once (the evaluation draws from its own seeded "
-        "generators, so skipping it changes nothing a run learns); a reuse is logged",
+        description="keep the base model's held-out evaluation and its step-0 monitor probe on "
+        "disk ($MASKGRPO_CACHE_DIR/base_eval/) and reuse them in later runs with the same base "
+        "weights (hashed), model, data, rollout, reward, evaluation settings and run.seed (the "
+        "probe: and the monitors' settings and backend): recipes compared on a seed evaluate "
+        "the base once (the evaluation draws from its own seeded generators, so skipping it "
+        "changes nothing a run learns); a reuse is logged",
     )
     geneval: GenEvalJudgeConfig | None = Field(
         None,

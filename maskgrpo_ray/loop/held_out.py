@@ -1,6 +1,6 @@
 """The held-out evaluation: the prompts (with their GenEval tags), the executor's evaluation with
-the world's diversity ceiling beside it, and the base model's evaluation kept on disk and reused
-(``eval.reuse_base_evaluation``).
+the world's diversity ceiling beside it, and the base model's evaluation (and its step-0 monitor
+probe) kept on disk and reused (``eval.reuse_base_evaluation``).
 
 Every recipe trained on one seed starts from the same base model and evaluates it with the same
 fixed-seed sampler, so a batch of recipes evaluates the same model again and again. With the
@@ -12,6 +12,10 @@ adapter's initial weights; frozen weights behind a LoRA are named by the model s
 the model, data, rollout, reward and evaluation sections and ``run.seed``. The evaluation draws
 from generators seeded by its own settings (``evaluation.generation``), never from the training
 streams, so skipping it leaves what a run learns unchanged (a test compares the rows).
+
+The monitors' probe of the base (step 0: the fixed probe set drawn twice, the base's
+calibration; ``loop.monitoring``) is kept the same way, under a key that adds the monitors'
+settings and the backend (``probe/kl`` is there where the backend holds the base).
 """
 
 from __future__ import annotations
@@ -79,13 +83,16 @@ def weights_digest(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def key_of(cfg: Config, state: Mapping[str, torch.Tensor]) -> str:
-    """The evaluation's key: the base weights' digest, the sections it depends on, the seed."""
+def key_of(cfg: Config, state: Mapping[str, torch.Tensor], what: str = "eval") -> str:
+    """The evaluation's key: the base weights' digest, the sections it depends on, the seed;
+    for ``what="probe"`` (the monitors' step-0 probe) the monitors' settings and the backend
+    too."""
     dumped = cfg.model_dump(mode="json")
     parts = {s: dumped[s] for s in SECTIONS}
-    blob = json.dumps(
-        [VERSION, weights_digest(state), cfg.run.seed, parts], sort_keys=True, default=str
-    )
+    head: list = [VERSION, weights_digest(state), cfg.run.seed, parts]
+    if what == "probe":
+        head += [what, dumped["logging"]["monitors"], cfg.run.backend]
+    blob = json.dumps(head, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -93,20 +100,24 @@ def evaluate_base(
     cfg: Config,
     state: Callable[[], Mapping[str, torch.Tensor]],
     evaluate: Callable[[], dict[str, float]],
+    what: str = "eval",
 ) -> dict[str, float]:
     """``evaluate()``, or its kept result where ``eval.reuse_base_evaluation`` finds one (and
     the result kept for the next run). ``state`` gives the base weights (called only when the
-    field is on)."""
+    field is on); ``what``: "eval" (the held-out evaluation) or "probe" (the monitors' probe of
+    the base, :func:`key_of`)."""
     if not cfg.eval.reuse_base_evaluation:
         return evaluate()
-    path = cache_dir() / f"{key_of(cfg, state())}.json"
+    name = key_of(cfg, state(), what)
+    path = cache_dir() / (f"{name}.json" if what == "eval" else f"{what}-{name}.json")
     if path.exists():
         try:
             found = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             log.warning("base evaluation %s unreadable (%s): evaluating again", path, e)
         else:
-            log.info("base model: evaluation reused from %s (eval.reuse_base_evaluation)", path)
+            said = {"eval": "held-out evaluation", "probe": "monitor probe"}[what]
+            log.info("base model: %s reused from %s (eval.reuse_base_evaluation)", said, path)
             return {k: float(v) for k, v in found.items()}
     out = evaluate()
     path.parent.mkdir(parents=True, exist_ok=True)

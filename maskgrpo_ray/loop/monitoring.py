@@ -18,6 +18,7 @@ from typing import Any
 
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.loop.executor import Executor
+from maskgrpo_ray.loop.held_out import evaluate_base
 from maskgrpo_ray.runlog.monitors import MonitorRules, monitor_figures, newly_tripped
 from maskgrpo_ray.runlog.probe_alarms import (
     EVAL_KEYS,
@@ -63,7 +64,7 @@ class Monitor:
         m = cfg.logging.monitors
         prompts = getattr(eval_prompts, "prompts", eval_prompts)
         tags = getattr(eval_prompts, "tags", None)
-        self.ex = ex
+        self.cfg, self.ex = cfg, ex
         self.tripped: list[str] = []
         self.rules = MonitorRules(
             window_steps=m.window_steps,
@@ -93,10 +94,21 @@ class Monitor:
         base model): the fixed probe set under the evaluation's sampler and seeds,
         ``probe/<fig>`` (the mean of its prompts' means; ``probe/judge`` where the reward
         defines an accuracy, ``probe/kl`` where the backend holds the base) and, at step 0, a
-        second draw with other seeds: the base's calibration (``runlog.probe_alarms``)."""
+        second draw with other seeds: the base's calibration (``runlog.probe_alarms``), kept
+        and reused across runs with ``eval.reuse_base_evaluation`` (``held_out.key_of``)."""
         if not self.every or step % self.every or not self.prompts:
             return {}
         t0 = time.perf_counter()
+        if step == 0:
+            row = evaluate_base(self.cfg, self.ex.policy_state, lambda: self._draw(0), "probe")
+        else:
+            row = self._draw(step)
+        row["time/monitor_probe"] = time.perf_counter() - t0
+        return row
+
+    def _draw(self, step: int) -> dict[str, float]:
+        """The probe set under the evaluation's sampler: its figures (and at step 0 the second
+        draw's standard errors)."""
         prompts, n = list(self.prompts), len(self.prompts)
         labels_a: list[str | None] = [f"a{i}" for i in range(n)]
         labels_b: list[str | None] = [f"b{i}" for i in range(n)]
@@ -113,9 +125,7 @@ class Monitor:
                 more = self.ex.evaluate([*prompts, *fill, *prompts], labels, probe=True)
                 draw_b = {f: per_prompt(more, labels_b, key) for f, key in EVAL_KEYS.items()}
         draw_a = {f: per_prompt(out, labels_a, key) for f, key in EVAL_KEYS.items()}
-        row = base_figures(draw_a, draw_b, self.samples)
-        row["time/monitor_probe"] = time.perf_counter() - t0
-        return row
+        return base_figures(draw_a, draw_b, self.samples)
 
     def observe(self, rows: Sequence[Mapping[str, Any]], row: dict[str, Any]) -> dict[str, float]:
         """The rules' figures for ``row`` after the run's earlier ``rows``; a WARNING line for
