@@ -6,8 +6,10 @@ paper's recipe on the GenEval-shaped world.
         [--fresh] [--out bench/results_frontier.json] [--markdown docs/frontier.md]
         [--plot docs/img/frontier_shapes.png]
 
-Every recipe is ``--config`` (default ``configs/shapes.yaml`` as is: the paper's recipe scaled
-down, the reference) with the recipe's overrides, trained ``--steps`` steps per seed on the
+Every recipe is ``--config`` (default ``configs/shapes.yaml``) with the paper's recipe pinned
+(``paper_table.PAPER_RECIPE``: no KL; the reference is the paper's recipe scaled down), then each
+``--set`` (every recipe's, e.g. ``--set train.kl_coef=0.01`` for the shipped shapes default),
+then the recipe's overrides, trained ``--steps`` steps per seed on the
 single-process backend through ``bench/toy_lab.py`` (cached per resolved config and seed, run two
 at a time, resumable: a rerun runs only what is missing; the reference's runs are
 ``bench/paper_table.py``'s, the same cache entries). Recipes are written in shares of the
@@ -231,7 +233,7 @@ def markdown(rows: list[dict], seeds: list[int], steps: int, config: str, missin
         out.append(
             f"**Under way: {missing} of {total} runs not yet recorded.** A row with fewer "
             f"than {len(seeds)} seeds is partial, and its verdict is not final. The batch "
-            f"resumes from the records: `python -m bench.frontier --seeds "
+            f"resumes from the records: `python -m bench.frontier --config {config} --seeds "
             f"{lab.seeds_spec(seeds)} --jobs 2 --commit`.\n"
         )
     out += [
@@ -320,6 +322,13 @@ def _args() -> argparse.Namespace:
         help="combinations: two recipes joined by '+', ';' between them",
     )
     ap.add_argument("--config", default=pt.CONFIG, help="the world (default: the shapes world)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="an override for every recipe, the reference included, after the paper's recipe "
+        "(e.g. --set train.kl_coef=0.01: the frontier on the shipped shapes default)",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--commit", action="store_true", help="commit each record as it lands")
@@ -339,7 +348,7 @@ def main() -> None:
     seeds = lab.seeds_of(a.seeds)
     s_world = load_config(lab.ROOT / a.config).rollout.unmasking_steps
     s_showo = load_config(lab.ROOT / SHOWO).rollout.unmasking_steps
-    extra = tuple(pt.COMMON)
+    extra = (*pt.COMMON, *pt.PAPER_RECIPE, *a.set)
     world = {}
     for n in names:
         over = book[n](s_world)
@@ -358,12 +367,15 @@ def main() -> None:
     runs = lab.run_from_args(jobs, a, lab.progress(44, describe))
     rows = table(runs, names, seeds, world)
     missing = len(jobs) - sum(r["seeds"] for r in rows)
-    md = markdown(rows, seeds, a.steps, a.config, missing)
+    on = " ".join(
+        f"--set {x}" for x in (*pt.PAPER_RECIPE, *a.set)
+    )  # the recipe every row starts from
+    md = markdown(rows, seeds, a.steps, f"{a.config} {on}", missing)
     record = {"config": a.config, "steps": a.steps, "seeds": seeds, "missing": missing}
     record["rows"] = rows
     lab.write_results(a.out, record, md, a.markdown)
     if a.plot:
-        plot(rows, a.plot, f"{a.config}, seeds {a.seeds}, {a.steps} steps")
+        plot(rows, a.plot, f"{a.config} {on}, seeds {a.seeds}, {a.steps} steps")
 
 
 if __name__ == "__main__":

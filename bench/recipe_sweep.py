@@ -65,15 +65,19 @@ def gain_se(r: dict) -> float:
     return var**0.5 / tags
 
 
-# The default before issue 53 moved it (lr 5e-4, no EMA): the variants measured against it name
-# it, so their records keep their keys under any later default (a record's key is its resolved
+# The defaults before issue 53 moved them: lr 5e-4 without EMA, then lr 2e-4 with EMA 0.9 and no
+# KL (the paper's recipe, bench/paper_table.py's PAPER_RECIPE). The variants measured on them name them,
+# so their records keep their keys under any later default (a record's key is its resolved
 # config, toy_lab.Job.key).
-BEFORE = ["train.learning_rate=5e-4", "train.ema_decay=0"]
+NO_KL = ["train.kl_coef=0"]
+BEFORE = ["train.learning_rate=5e-4", "train.ema_decay=0", *NO_KL]
 VARIANTS: dict[str, list[str]] = {
-    DEFAULT: [],  # lr 2e-4 with the weights' EMA at 0.9 (configs/shapes.yaml, since issue 53)
-    "lr 5e-4 (default before)": BEFORE,
-    "lr 2e-4": ["train.learning_rate=2e-4", "train.ema_decay=0"],
-    "lr 1e-4": ["train.learning_rate=1e-4", "train.ema_decay=0"],
+    # lr 2e-4, the weights' EMA at 0.9 and KL 0.01 to the base (configs/shapes.yaml, issue 53)
+    DEFAULT: [],
+    "KL 0 (default before; the paper's)": NO_KL,
+    "lr 5e-4 (first default)": BEFORE,
+    "lr 2e-4": ["train.learning_rate=2e-4", "train.ema_decay=0", *NO_KL],
+    "lr 1e-4": ["train.learning_rate=1e-4", "train.ema_decay=0", *NO_KL],
     "KL 0.01 at lr 5e-4": [*BEFORE, "train.kl_coef=0.01"],
     "updates 2 at lr 5e-4 (clip acts)": [*BEFORE, "train.updates_per_batch=2"],
     "B 16 at lr 5e-4": [*BEFORE, "train.prompts_per_step=16"],
@@ -81,25 +85,27 @@ VARIANTS: dict[str, list[str]] = {
     "lr 2e-4 unguided": [
         "train.learning_rate=2e-4",
         "train.ema_decay=0",
+        *NO_KL,
         "train.likelihood_guidance_scale=0",
     ],
-    "EMA 0.9": ["train.learning_rate=5e-4", "train.ema_decay=0.9"],
-    # the levers the issue names, on today's default (the KL 0.04 row is Table 3's "w/ KL" row:
-    # bench/paper_table.py's runs of it are these records)
+    "EMA 0.9": ["train.learning_rate=5e-4", "train.ema_decay=0.9", *NO_KL],
+    # the levers the issue names, on the default before KL (the KL 0.04 row is Table 3's "w/ KL"
+    # row: bench/paper_table.py's runs of it are these records)
     "KL 0.04": ["train.kl_coef=0.04"],
-    "KL 0.01": ["train.kl_coef=0.01"],
-    "batch std, clip 5": ["train.advantage=batch_std", "train.advantage_clip=5"],
+    "batch std, clip 5 (KL 0)": ["train.advantage=batch_std", "train.advantage_clip=5", *NO_KL],
     # the two together: batch-std advantages for the gain, KL to the base for the diversity
-    "batch std, clip 5, KL 0.01": [
-        "train.advantage=batch_std",
-        "train.advantage_clip=5",
-        "train.kl_coef=0.01",
+    "batch std, clip 5, KL 0.01": ["train.advantage=batch_std", "train.advantage_clip=5"],
+    # the frontier's row (bench/frontier.py: the same records): 4 of the 16 unmasking steps
+    # trained, drawn per group; fewer, less correlated gradient terms a step
+    "group-random steps k 4 (KL 0)": [
+        "train.unmasking_step_selection=group_random",
+        "train.unmasking_steps_trained=4",
+        *NO_KL,
     ],
+    # on today's default (KL 0.01)
     "updates 2": ["train.updates_per_batch=2"],
     "B 16": ["train.prompts_per_step=16"],
     "G 12": ["rollout.samples_per_prompt=12"],
-    # the frontier's row (bench/frontier.py: the same records): 4 of the 16 unmasking steps
-    # trained, drawn per group; fewer, less correlated gradient terms a step
     "group-random steps k 4": [
         "train.unmasking_step_selection=group_random",
         "train.unmasking_steps_trained=4",
@@ -120,7 +126,7 @@ VARIANTS: dict[str, list[str]] = {
 def label(r: dict) -> str:
     """The name of the variant a record ran (its key matched against today's
     :data:`VARIANTS` at its seed and steps), else the name it was recorded under: a run of the
-    default before it moved reads "lr 5e-4 (default before)", not "default (shapes.yaml)"."""
+    default before it moved reads "lr 5e-4 (first default)", not "default (shapes.yaml)"."""
     want = r.get("key")
     if want is None:
         return r["variant"]

@@ -69,7 +69,7 @@ def parts(r: dict) -> dict[str, float]:
 
 def name(r: dict) -> str:
     """The recipe a record ran, by today's names (``recipe_sweep.label``: a run of the default
-    before it moved reads "lr 5e-4 (default before)")."""
+    before it moved reads "lr 5e-4 (first default)")."""
     return rs.label(r) if r.get("config") == rs.CONFIG else r["variant"]
 
 

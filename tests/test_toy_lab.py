@@ -23,8 +23,9 @@ def test_a_field_added_at_its_default_keeps_the_key():
 
 def test_key_ignores_an_explicit_default_and_sees_a_change():
     job = lab.Job("ref", (), 0, 60, config="configs/shapes.yaml")
-    explicit = lab.Job("ref", ("train.kl_coef=0.0",), 0, 60, config="configs/shapes.yaml")
-    changed = lab.Job("ref", ("train.kl_coef=0.01",), 0, 60, config="configs/shapes.yaml")
+    # the YAML's own value made explicit (shapes.yaml: kl_coef 0.01), and a change of it
+    explicit = lab.Job("ref", ("train.kl_coef=0.01",), 0, 60, config="configs/shapes.yaml")
+    changed = lab.Job("ref", ("train.kl_coef=0.0",), 0, 60, config="configs/shapes.yaml")
     other_seed = lab.Job("ref", (), 1, 60, config="configs/shapes.yaml")
     assert job.key() == explicit.key()
     assert len({job.key(), changed.key(), other_seed.key()}) == 3

@@ -121,7 +121,9 @@ def test_the_learned_reward_falls_only_beyond_its_noise_where_the_record_has_it(
 
 def test_a_record_is_named_by_the_variant_its_key_matches_today():
     """The default moved (issue 53): a run recorded as "default (shapes.yaml)" at lr 5e-4 is
-    today's "lr 5e-4 (default before)"; one that no variant reproduces keeps its name."""
+    today's "lr 5e-4 (first default)", one at KL 0 today's "KL 0 (...)"; a run of today's
+    default recorded under a lever's name is the default; one that no variant reproduces keeps
+    its name."""
     from bench import paper_table as pt
     from bench import recipe_sweep as rs
     from bench import toy_lab as lab
@@ -130,9 +132,10 @@ def test_a_record_is_named_by_the_variant_its_key_matches_today():
         return lab.Job("x", tuple(over), 3, 60, config=rs.CONFIG, extra=tuple(pt.COMMON)).key()
 
     before = {"key": key(rs.BEFORE), "seed": 3, "steps": 60, "variant": rs.DEFAULT}
-    assert rs.label(before) == "lr 5e-4 (default before)"
-    now = {"key": key(["train.learning_rate=2e-4", "train.ema_decay=0.9"]), "seed": 3,
-           "steps": 60, "variant": "lr 2e-4 EMA 0.9"}  # fmt: skip
+    assert rs.label(before) == "lr 5e-4 (first default)"
+    no_kl = {"key": key(["train.kl_coef=0"]), "seed": 3, "steps": 60, "variant": rs.DEFAULT}
+    assert rs.label(no_kl) == "KL 0 (default before; the paper's)"
+    now = {"key": key(["train.kl_coef=0.01"]), "seed": 3, "steps": 60, "variant": "KL 0.01"}
     assert rs.label(now) == rs.DEFAULT
     odd = {"key": key(["train.learning_rate=3e-4"]), "seed": 3, "steps": 60, "variant": "odd"}
     assert rs.label(odd) == "odd" and rs.label({"seed": 3, "variant": "v"}) == "v"
