@@ -311,7 +311,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seeds", default="0-4")
     ap.add_argument("--steps", type=int, default=60)
@@ -336,16 +336,17 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--out", default=str(lab.ROOT / "bench" / "results_frontier.json"))
     ap.add_argument("--markdown", default="")
     ap.add_argument("--plot", default=str(lab.ROOT / "docs" / "img" / "frontier_shapes.png"))
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
-def main() -> None:
-    a = _args()
+def plan(a: argparse.Namespace) -> tuple[list[str], dict[str, dict], list[lab.Job]]:
+    """The recipes' names, what each runs (its overrides, learner work and Show-o plan) and
+    every (seed, recipe) job: ``--config`` with the paper's recipe, each ``--set`` and the
+    recipe's overrides."""
     from maskgrpo_ray.config import load_config
 
     book = recipes(a.combine)
     names = lab.variants_of(a.recipes, list(book), REF)
-    seeds = lab.seeds_of(a.seeds)
     s_world = load_config(lab.ROOT / a.config).rollout.unmasking_steps
     s_showo = load_config(lab.ROOT / SHOWO).rollout.unmasking_steps
     extra = (*pt.COMMON, *pt.PAPER_RECIPE, *a.set)
@@ -356,9 +357,16 @@ def main() -> None:
         world[n]["showo"] = {"overrides": book[n](s_showo), **planner(book[n](s_showo))}
     jobs = [
         lab.Job(n, tuple(world[n]["overrides"]), s, a.steps, config=a.config, extra=extra)
-        for s in seeds
+        for s in lab.seeds_of(a.seeds)
         for n in names
     ]
+    return names, world, jobs
+
+
+def main() -> None:
+    a = _args()
+    names, world, jobs = plan(a)
+    seeds = lab.seeds_of(a.seeds)
 
     def describe(r: dict) -> str:
         f = pt.figures(r)
@@ -367,9 +375,7 @@ def main() -> None:
     runs = lab.run_from_args(jobs, a, lab.progress(44, describe))
     rows = table(runs, names, seeds, world)
     missing = len(jobs) - sum(r["seeds"] for r in rows)
-    on = " ".join(
-        f"--set {x}" for x in (*pt.PAPER_RECIPE, *a.set)
-    )  # the recipe every row starts from
+    on = " ".join(f"--set {x}" for x in (*pt.PAPER_RECIPE, *a.set))  # what every row starts from
     md = markdown(rows, seeds, a.steps, f"{a.config} {on}", missing)
     record = {"config": a.config, "steps": a.steps, "seeds": seeds, "missing": missing}
     record["rows"] = rows

@@ -149,3 +149,27 @@ def test_a_recipes_staleness_and_on_policy_figures_come_from_its_runs_rows(fr):
     sync = fr.policy_figures([{"rows": rows(0.0, 0.0, 0.0, 0.0)}])
     assert sync["onpolicy_steps"] == 1.0 and sync["lag"] == 0.0
     assert math.isnan(fr.policy_figures([{"rows": [{"step": 0}]}])["lag"])
+
+
+def test_the_reference_is_table_3s_paper_recipe_and_set_moves_every_row(fr):
+    """The frontier's reference runs the paper's KL-free recipe: the same record as Table 3's
+    full method on a seed, whatever the shapes default (which adds KL 0.01); ``--set`` applies to
+    every row, the reference included, so the frontier can run on the shipped default."""
+    from bench import paper_table as pt
+    from bench import toy_lab as lab
+
+    recipes = f"{fr.REF};async lag 1"
+    names, _, jobs = fr.plan(fr._args(["--seeds", "3", "--recipes", recipes, "--combine", ""]))
+    assert names == [fr.REF, "async lag 1"] and [j.seed for j in jobs] == [3, 3]
+    full = lab.seed_major_jobs([pt.FULL], pt.VARIANTS, [3], 60, pt.CONFIG, [*pt.COMMON,
+                               *pt.PAPER_RECIPE])[0]  # fmt: skip
+    assert jobs[0].key() == full.key()
+    assert jobs[0].resolved()["train"]["kl_coef"] == 0.0
+    _, _, on = fr.plan(
+        fr._args(["--seeds", "3", "--recipes", recipes, "--combine", "", "--set",
+                  "train.kl_coef=0.01"])
+    )  # fmt: skip
+    assert all(j.resolved()["train"]["kl_coef"] == 0.01 for j in on)
+    assert {j.key() for j in on}.isdisjoint(j.key() for j in jobs)
+    shipped = lab.Job(fr.REF, (), 3, 60, config=pt.CONFIG, extra=tuple(pt.COMMON))
+    assert on[0].key() == shipped.key()  # the reference on the shipped default: its records
