@@ -35,10 +35,14 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "base_eval"
 
 
-def test_the_second_run_reuses_and_learns_the_same(tmp_path, cache, caplog):
+def test_the_second_run_reuses_and_learns_the_same(tmp_path, cache, caplog, monkeypatch):
     plain_rows, plain = _train(tmp_path / "plain")
     assert not cache.exists()  # off by default: nothing kept
+    hashed = []
+    digest = base_eval.weights_digest
+    monkeypatch.setattr(base_eval, "weights_digest", lambda s: hashed.append(1) or digest(s))
     first_rows, first = _train(tmp_path / "a", "eval.reuse_base_evaluation=true")
+    assert len(hashed) == 1  # the evaluation's key and the probe's share one digest
     assert len(list(cache.glob("probe-*.json"))) == 1  # the monitors' probe of the base
     assert len(list(cache.glob("*.json"))) == 2
     caplog.set_level(logging.INFO, logger=base_eval.__name__)

@@ -29,7 +29,7 @@ from maskgrpo_ray.loop.figures import (
     grid_due,
     run_summary,
 )
-from maskgrpo_ray.loop.held_out import EvalSet, evaluate_base, evaluate_held_out
+from maskgrpo_ray.loop.held_out import BaseDigest, EvalSet, evaluate_base, evaluate_held_out
 from maskgrpo_ray.loop.monitoring import Monitor
 from maskgrpo_ray.loop.recovery import (
     RUN_ENDS,
@@ -171,6 +171,7 @@ class _Loop:
     monitor: Monitor | None = None  # logging.monitors
     base_grid: Path | None = None  # samples/eval_tags_base.png, drawn before the trackers open
     eval_seconds: dict[str, float] = field(default_factory=dict)  # "base", "final": wall seconds
+    digest: BaseDigest | None = None  # the base weights' digest, taken once (held_out)
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
@@ -240,7 +241,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
     t0 = time.perf_counter()
     loop.base = evaluate_base(
         loop.cfg,
-        loop.ex.policy_state,
+        loop.digest or BaseDigest(loop.ex.policy_state),
         lambda: evaluate_held_out(loop.cfg, loop.ex, loop.eval_prompts),
     )
     loop.eval_seconds["base"] = time.perf_counter() - t0
@@ -342,8 +343,9 @@ def train(
     )
     if cfg.train.step_signal_every_steps:
         loop.probe = StepSignalProbe(cfg, ex, list(stream.prompts), loop.settings.advantage)
+    loop.digest = BaseDigest(ex.policy_state)  # what the base evaluation and probe share
     if cfg.logging.monitors.enabled:
-        loop.monitor = Monitor(cfg, ex, eval_prompts)
+        loop.monitor = Monitor(cfg, ex, eval_prompts, loop.digest)
         runlog.monitor_rules = loop.monitor.rules  # monitors.png beside the reward curve
     ckpts = Checkpoints(cfg, ex, source, run_dir, runlog)
     start_step = _start(loop, ckpts, resume_from)

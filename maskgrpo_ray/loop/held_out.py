@@ -83,13 +83,28 @@ def weights_digest(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def key_of(cfg: Config, state: Mapping[str, torch.Tensor], what: str = "eval") -> str:
-    """The evaluation's key: the base weights' digest, the sections it depends on, the seed;
-    for ``what="probe"`` (the monitors' step-0 probe) the monitors' settings and the backend
-    too."""
+class BaseDigest:
+    """The base weights' :func:`weights_digest`, taken at most once a run: the held-out
+    evaluation's key and the monitor probe's share it (hashing Show-o's 1.3B weights takes
+    seconds, and on Ray ``state`` fetches them from the learner first)."""
+
+    def __init__(self, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+        self._state = state
+        self._digest: str | None = None
+
+    def __call__(self) -> str:
+        if self._digest is None:
+            self._digest = weights_digest(self._state())
+        return self._digest
+
+
+def key_of(cfg: Config, digest: str, what: str = "eval") -> str:
+    """The evaluation's key: the base weights' ``digest`` (:class:`BaseDigest`), the sections
+    it depends on, the seed; for ``what="probe"`` (the monitors' step-0 probe) the monitors'
+    settings and the backend too."""
     dumped = cfg.model_dump(mode="json")
     parts = {s: dumped[s] for s in SECTIONS}
-    head: list = [VERSION, weights_digest(state), cfg.run.seed, parts]
+    head: list = [VERSION, digest, cfg.run.seed, parts]
     if what == "probe":
         head += [what, dumped["logging"]["monitors"], cfg.run.backend]
     blob = json.dumps(head, sort_keys=True, default=str)
@@ -98,17 +113,17 @@ def key_of(cfg: Config, state: Mapping[str, torch.Tensor], what: str = "eval") -
 
 def evaluate_base(
     cfg: Config,
-    state: Callable[[], Mapping[str, torch.Tensor]],
+    digest: Callable[[], str],
     evaluate: Callable[[], dict[str, float]],
     what: str = "eval",
 ) -> dict[str, float]:
     """``evaluate()``, or its kept result where ``eval.reuse_base_evaluation`` finds one (and
-    the result kept for the next run). ``state`` gives the base weights (called only when the
-    field is on); ``what``: "eval" (the held-out evaluation) or "probe" (the monitors' probe of
+    the result kept for the next run). ``digest`` gives the base weights' digest (called only
+    when the field is on: a run's :class:`BaseDigest`); ``what``: "eval" (the held-out evaluation) or "probe" (the monitors' probe of
     the base, :func:`key_of`)."""
     if not cfg.eval.reuse_base_evaluation:
         return evaluate()
-    name = key_of(cfg, state(), what)
+    name = key_of(cfg, digest(), what)
     path = cache_dir() / (f"{name}.json" if what == "eval" else f"{what}-{name}.json")
     if path.exists():
         try:

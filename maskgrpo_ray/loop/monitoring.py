@@ -18,7 +18,7 @@ from typing import Any
 
 from maskgrpo_ray.config import Config
 from maskgrpo_ray.loop.executor import Executor
-from maskgrpo_ray.loop.held_out import evaluate_base
+from maskgrpo_ray.loop.held_out import BaseDigest, evaluate_base
 from maskgrpo_ray.runlog.monitors import MonitorRules, monitor_figures, newly_tripped
 from maskgrpo_ray.runlog.probe_alarms import (
     EVAL_KEYS,
@@ -58,13 +58,17 @@ def probe_set(
 class Monitor:
     """The monitors of one run: its probe set, its rules, the alarms it has logged."""
 
-    def __init__(self, cfg: Config, ex: Executor, eval_prompts: Any) -> None:
+    def __init__(
+        self, cfg: Config, ex: Executor, eval_prompts: Any, digest: BaseDigest | None = None
+    ) -> None:
         """``eval_prompts``: the run's held-out prompts, a list or a ``held_out.EvalSet`` (its
-        ``prompts`` and their ``tags``)."""
+        ``prompts`` and their ``tags``); ``digest``: the run's base digest, shared with its
+        held-out evaluation (its own otherwise)."""
         m = cfg.logging.monitors
         prompts = getattr(eval_prompts, "prompts", eval_prompts)
         tags = getattr(eval_prompts, "tags", None)
         self.cfg, self.ex = cfg, ex
+        self.digest = digest if digest is not None else BaseDigest(ex.policy_state)
         self.tripped: list[str] = []
         self.rules = MonitorRules(
             window_steps=m.window_steps,
@@ -100,7 +104,7 @@ class Monitor:
             return {}
         t0 = time.perf_counter()
         if step == 0:
-            row = evaluate_base(self.cfg, self.ex.policy_state, lambda: self._draw(0), "probe")
+            row = evaluate_base(self.cfg, self.digest, lambda: self._draw(0), "probe")
         else:
             row = self._draw(step)
         row["time/monitor_probe"] = time.perf_counter() - t0
