@@ -22,7 +22,12 @@ from maskgrpo_ray.cluster.ray_metrics import process_metrics
 from maskgrpo_ray.cluster.weight_transfer import Channel, TensorMeta
 from maskgrpo_ray.config import ModelConfig
 from maskgrpo_ray.errors import UserError
-from maskgrpo_ray.evaluation.generation import EvalUnit, generate_unit, probe_kl, unit_rewards
+from maskgrpo_ray.evaluation.generation import (
+    EvalUnit,
+    generate_unit,
+    probe_divergence,
+    unit_rewards,
+)
 from maskgrpo_ray.models.base import prompt_problems
 from maskgrpo_ray.pipeline.build import build_policy, build_reward_from_settings, resolve_device
 from maskgrpo_ray.pipeline.data_plane import RolloutMeta
@@ -164,21 +169,18 @@ class RolloutActor(PoolActor):
     ) -> dict[str, torch.Tensor]:
         """One evaluation unit with the current weights (or ``weights`` for this call), scored
         with the training reward: per-sample ``reward`` (and ``accuracy``) ``[N]``
-        (``evaluation.generation``); ``probe``: the KL of those weights to the base too
-        (``kl`` ``[N]``), where the actor keeps one."""
+        (``evaluation.generation``); ``probe``: the KL of those weights to the base and their
+        entropy too (``kl``, ``entropy`` ``[N]``), where the actor keeps one."""
         if self._eval_reward is None:
             self._eval_reward = build_reward_from_settings(
                 self.reward_settings, self.device, evaluation=True
             )
-        kl = None
+        divergence: dict[str, torch.Tensor] = {}
         with self._weights(weights):
             batch = generate_unit(self.policy, unit, self.evaluation)
             if probe and self.base is not None:
-                kl = probe_kl(self.policy, self.base, batch)
-        out = unit_rewards(self._eval_reward, batch, self.prompt_meta)
-        if kl is not None:
-            out["kl"] = kl
-        return out
+                divergence = probe_divergence(self.policy, self.base, batch)
+        return {**unit_rewards(self._eval_reward, batch, self.prompt_meta), **divergence}
 
     def eval_images(
         self,

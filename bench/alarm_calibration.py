@@ -15,6 +15,15 @@ alarms (the Pareto front).
 With ``--choose-seeds`` (the sweep's 0-4) the front is chosen on those seeds' runs alone and every
 row is also scored on ``--confirm-seeds`` (10-19), runs the choice never saw: a threshold set
 is adopted only where it holds there.
+
+The ``kl_excess`` rule measures the probe's KL to the base in the base's own entropy per token
+(``probe/entropy`` at step 0), which runs log since it was added; records made before lack it.
+For those, the replay takes the base's entropy on the record's seed from
+``--base-entropy`` (``bench/results_base_entropy.json``), measured by the same step-0 probe of
+the shipped config on that seed (``--measure-base-entropy 0-4,10-19``: a one-step run per seed,
+about two minutes each) and says how many records it filled. The transition and guidance of a
+record's own recipe are not applied there (the shipped default's are): for a recipe that
+changes the trained likelihood (p_theta2) the filled value is the default's.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -29,15 +41,47 @@ from typing import Any
 from bench import recipe_sweep as rs
 from bench import toy_lab as lab
 from bench import why_seeds_fail as why
-from maskgrpo_ray.runlog.probe_alarms import ProbeRules, replay_alarms
+from maskgrpo_ray.runlog.probe_alarms import PROBE_ALARMS, ProbeRules, replay_alarms
 
 GRID = {
     "judge_drop_se": (2.0, 2.5, 3.0, 4.0, 5.0),
     "reward_drop_se": (2.0, 3.0, 4.0, 5.0),
     "diversity_share": (0.75, 0.85),
-    "drift_z": (2.5, 3.0, 4.0),
+    "drift_z": (2.5, 4.0),
+    "kl_share": (1.0, 1.5, 1.75, 2.0, 3.0, 1e9),  # 1e9: the rule off
     "persist_probes": (1, 2),
 }
+BASE_ENTROPY = "bench/results_base_entropy.json"
+
+
+def measure_base_entropy(seeds: list[int]) -> dict[str, Any]:
+    """The shipped shapes config's step-0 probe on each seed (a one-step run with the lab's
+    settings, ``toy_lab.COMMON``): the base's entropy per token, both draws."""
+    out: dict[str, Any] = {"config": rs.CONFIG, "figure": "probe/entropy (draw A), nats per token",
+                           "seeds": {}}  # fmt: skip
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as d:
+            over = [*lab.COMMON, f"run.seed={seed}", "train.steps=1"]
+            argv = [sys.executable, "-m", "maskgrpo_ray.cli", "train", "--config", rs.CONFIG,
+                    "--run-dir", d, *[a for o in over for a in ("--set", o)]]  # fmt: skip
+            subprocess.run(argv, check=True, capture_output=True)
+            row = json.loads((Path(d) / "metrics.jsonl").read_text().splitlines()[0])
+        out["seeds"][str(seed)] = {"a": row["probe/entropy"], "b": row["probe/base_b/entropy"]}
+        print(f"seed {seed}: base entropy {row['probe/entropy']:.4f} nats per token", flush=True)
+    return out
+
+
+def with_base_entropy(records: list[dict[str, Any]], table: dict[str, Any]) -> int:
+    """Fill ``probe/entropy`` into the base row of each record that lacks it, from ``table``
+    (:func:`measure_base_entropy`'s) on the record's seed; how many were filled."""
+    filled = 0
+    for r in records:
+        base = next((row for row in r["rows"] if any(k.startswith("probe/se/") for k in row)), None)
+        got = table.get("seeds", {}).get(str(r["seed"]))
+        if base is not None and "probe/entropy" not in base and got is not None:
+            base["probe/entropy"] = got["a"]
+            filled += 1
+    return filled
 
 
 def judged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,11 +128,38 @@ def calibrate(
     ]  # fmt: skip
     uniq = {json.dumps([g["caught"], g["false"]]): g for g in front}  # one set per point
     out = {"today": today, "front": sorted(uniq.values(), key=lambda g: (-g["caught"], g["false"]))}
+    out["alone"] = alone(today["runs"])
     if confirm is not None:
         out["confirm_today"] = score(confirm, ProbeRules())
         today["confirm"] = _brief(out["confirm_today"])
+        out["confirm_alone"] = alone(out["confirm_today"]["runs"])
         for g in out["front"]:
             g["confirm"] = _brief(score(confirm, ProbeRules(**g["rules"])))
+        held = [youden(score(confirm, ProbeRules(**g["rules"]))) for g in grid]
+        out["transfer"] = {"sets": len(grid), "r": pearson([youden(g) for g in grid], held)}
+    return out
+
+
+def youden(s: dict[str, Any]) -> float:
+    """Caught share minus false-alarm share: 1 a perfect alarm, 0 one that fires at random."""
+    return s["caught"] / max(s["failed"], 1) - s["false"] / max(s["healthy"], 1)
+
+
+def pearson(x: list[float], y: list[float]) -> float:
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else float("nan")
+
+
+def alone(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Each alarm on its own under the same rules: the failed runs it catches before step
+    ``ALARM_BY`` and the healthy runs it fires on (``score``'s per-run first steps)."""
+    out = {}
+    for name in PROBE_ALARMS:
+        caught = sum(x["failed"] and x["alarms"].get(name, 99) < rs.ALARM_BY for x in runs)
+        false = sum(not x["failed"] and name in x["alarms"] for x in runs)
+        out[name] = {"caught": caught, "false": false}
     return out
 
 
@@ -106,18 +177,40 @@ def markdown(c: dict[str, Any]) -> str:
         out[0] += (f" The front is chosen on those seeds; the last two columns score each row "
                    f"on seeds {c['confirm_seeds']} ({ct['failed']} failed, {ct['healthy']} "
                    f"healthy), which the choice never saw.")  # fmt: skip
-    head = "| rules | judge se | reward se | diversity share | drift z | persist | caught | false |"
+    if c.get("entropy_filled"):
+        out[0] += (f" {c['entropy_filled']} records predate the base's logged entropy: their "
+                   f"kl_excess rule uses the base's entropy measured on their seed ({BASE_ENTROPY}).")  # fmt: skip
+    head = ("| rules | judge se | reward se | diversity share | drift z | KL share | persist | "
+            "caught | false |")  # fmt: skip
     out += ["", head + (" caught, held out | false, held out |" if held else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|---|" if held else "")]  # fmt: skip
+            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if held else "")]  # fmt: skip
     for name, g in [("today", t), *[("front", g) for g in c["front"]]]:
         r = g["rules"]
+        kl = "off" if r["kl_share"] >= 1e8 else f"{r['kl_share']:g}"
         row = (f"| {name} | {r['judge_drop_se']:g} | {r['reward_drop_se']:g} | "
-               f"{r['diversity_share']:g} | {r['drift_z']:g} | {r['persist_probes']} | "
+               f"{r['diversity_share']:g} | {r['drift_z']:g} | {kl} | {r['persist_probes']} | "
                f"{g['caught']}/{g['failed']} | {g['false']}/{g['healthy']} |")  # fmt: skip
         if held:
             h = g["confirm"]
             row += f" {h['caught']}/{h['failed']} | {h['false']}/{h['healthy']} |"
         out.append(row)
+    out += [
+        "",
+        "Each of today's rules on its own (caught, false"
+        + ("; held out: caught, false):" if held else "):"),
+        "",
+    ]
+    for name, a in c["alone"].items():
+        line = f"- `{name}`: {a['caught']}/{t['failed']}, {a['false']}/{t['healthy']}"
+        if held:
+            h, ct = c["confirm_alone"][name], c["confirm_today"]
+            line += f"; {h['caught']}/{ct['failed']}, {h['false']}/{ct['healthy']}"
+        out.append(line)
+    if "transfer" in c:
+        tr = c["transfer"]
+        out += ["", f"Does a threshold set chosen on these seeds carry to the held-out ones? Over the "
+                    f"grid's {tr['sets']} sets, the correlation of each set's caught share minus "
+                    f"false-alarm share on the two seed sets is r = {tr['r']:+.2f}."]  # fmt: skip
     for title, runs in [("", t["runs"]), (" held out", c.get("confirm_today", {}).get("runs"))]:
         if runs is None:
             continue
@@ -134,13 +227,22 @@ def main() -> None:
     ap.add_argument("--markdown", default=None, help="also write the table here")
     ap.add_argument("--choose-seeds", default="", help="choose the front on these seeds' runs")
     ap.add_argument("--confirm-seeds", default="", help="and score every row on these")
+    ap.add_argument("--base-entropy", default=BASE_ENTROPY, help="the base's entropy per seed")
+    ap.add_argument("--measure-base-entropy", default="", help="seeds: measure it, write it, stop")
     a = ap.parse_args()
+    if a.measure_base_entropy:
+        table = measure_base_entropy(lab.seeds_of(a.measure_base_entropy))
+        Path(a.base_entropy).write_text(json.dumps(table, indent=1) + "\n")
+        return
     runs = judged(why.shapes_records())
+    path = Path(a.base_entropy)
+    filled = with_base_entropy(runs, json.loads(path.read_text())) if path.exists() else 0
     pick = set(lab.seeds_of(a.choose_seeds)) if a.choose_seeds else {r["seed"] for r in runs}
     hold = set(lab.seeds_of(a.confirm_seeds)) if a.confirm_seeds else None
     c = calibrate([r for r in runs if r["seed"] in pick],
                   None if hold is None else [r for r in runs if r["seed"] in hold])  # fmt: skip
     c["choose_seeds"], c["confirm_seeds"] = a.choose_seeds or "all", a.confirm_seeds
+    c["entropy_filled"] = filled
     md = markdown(c)
     print(md)
     Path(a.out).write_text(json.dumps(c, indent=1) + "\n")

@@ -103,6 +103,54 @@ def test_persistence_needs_consecutive_probes():
     assert replay_alarms(rows, ProbeRules(persist_probes=2))["reward_drop"] is None
 
 
+def _kl_rows(kl: float, entropy0: float = 0.23) -> list[dict]:
+    rows = _series([(20.0, 0.3, 0.4), (20.0, 0.3, 0.4)])
+    rows[0].update({"probe/kl": 0.0, "probe/entropy": entropy0})
+    rows[-1]["probe/kl"] = kl
+    return rows
+
+
+def test_kl_excess_measures_the_kl_in_the_bases_own_entropy():
+    h0, share = 0.23, ProbeRules().kl_share
+    assert replay_alarms(_kl_rows(1.05 * share * h0, h0))["kl_excess"] == 10
+    assert replay_alarms(_kl_rows(0.95 * share * h0, h0))["kl_excess"] is None
+    # the same KL against a base four times as uncertain is a quarter of the move: no alarm
+    assert replay_alarms(_kl_rows(1.05 * share * h0, 4 * h0))["kl_excess"] is None
+    # a run logged without the base's entropy (or without the KL) has no such rule
+    rows = _kl_rows(10.0)
+    del rows[0]["probe/entropy"]
+    assert replay_alarms(rows)["kl_excess"] is None
+    assert "kl_excess" not in probe_rule_flags(
+        {"probe/kl": 10.0}, {"probe/entropy": 0.0}, ProbeRules()
+    )
+
+
+def test_probe_divergence_is_no_kl_and_the_rollouts_own_entropy_at_the_base():
+    """At the base the KL is 0 and the entropy per token is the rollout's own negative
+    log-likelihood per token (its old log-probs, the learner's likelihood being exact)."""
+    import os
+
+    from tiny_runs import TOY_G3
+
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.evaluation.generation import probe_divergence
+    from maskgrpo_ray.pipeline.build import build_policy
+    from maskgrpo_ray.pipeline.phases import generate
+
+    toy = os.path.join(os.path.dirname(__file__), "..", "configs", "toy.yaml")
+    policy = build_policy(load_config(toy, TOY_G3).model).eval()
+    prompts = ["two red dots on the left", "one blue dot on the top"]
+    rb = generate(policy, prompts, [0, 1], group_size=3, num_steps=4, temperature=1.0,
+                  gumbel_temperature=0.0, guidance_scale=0.0, transition="p1",
+                  policy_version=0, generator=torch.Generator().manual_seed(5))  # fmt: skip
+    out = probe_divergence(policy, policy, rb)
+    assert out["kl"].shape == out["entropy"].shape == (6,)
+    assert torch.allclose(out["kl"], torch.zeros(6), atol=1e-6)
+    own = -rb.old_logp.double().sum(-1) / rb.final_tokens.shape[1]
+    assert torch.allclose(out["entropy"].double(), own, atol=1e-4)
+    assert bool((out["entropy"] > 0).all())
+
+
 # --------------------------------------------------------------------------- shapes renders
 
 
@@ -205,9 +253,10 @@ def test_a_tiny_run_logs_the_probe_figures_and_its_kl(tmp_path, caplog):
     assert main(train_argv(run, over)) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     base, later = rows[0], [r for r in rows if r["step"] in (2, 4)]
-    for key in ("reward", "kl", "colour_entropy", "dark"):
+    for key in ("reward", "kl", "entropy", "colour_entropy", "dark"):
         assert math.isfinite(base[f"probe/{key}"]), key
     assert base["probe/kl"] == pytest.approx(0.0, abs=1e-5)  # the policy is its base
+    assert base["probe/entropy"] > 0 and base["probe/se/entropy"] > 0
     assert math.isfinite(base["probe/se/reward"]) and base["probe/se/reward"] > 0
     assert "probe/base_b/reward" in base and "probe/se/reward" not in later[0]
     assert all(r["probe/kl"] > 1e-4 for r in later), [r["probe/kl"] for r in later]
@@ -223,7 +272,7 @@ def test_a_tiny_run_logs_the_probe_figures_and_its_kl(tmp_path, caplog):
     plain = tmp_path / "plain"
     assert main(train_argv(plain, [*over, "logging.monitors.probe_kl=false"])) == 0
     again = [json.loads(x) for x in (plain / "metrics.jsonl").read_text().splitlines()]
-    assert "probe/kl" not in again[0]
+    assert "probe/kl" not in again[0] and "probe/entropy" not in again[0]
     assert [r["reward_mean"] for r in again] == [r["reward_mean"] for r in rows]
 
 
@@ -319,6 +368,7 @@ def test_diagnostics_measure_without_changing_the_run(tmp_path):
         (["train.kl_coef=0.04", "model.toy.pretrain_steps=0"], "train.kl_coef=0.04"),
         (["logging.monitors.stop_on=[judge_drop]", "logging.monitors.probe_prompts=0"], "stop_on"),
         (["logging.monitors.stop_on=[drift]", "logging.monitors.enabled=false"], "stop_on"),
+        (["logging.monitors.stop_on=[kl_excess]", "logging.monitors.probe_kl=false"], "probe_kl"),
     ],
 )
 def test_a_lever_combination_that_cannot_work_is_refused_in_one_line(overrides, field):

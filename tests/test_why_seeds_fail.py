@@ -139,3 +139,25 @@ def test_a_record_is_named_by_the_variant_its_key_matches_today():
     assert rs.label(now) == rs.DEFAULT
     odd = {"key": key(["train.learning_rate=3e-4"]), "seed": 3, "steps": 60, "variant": "odd"}
     assert rs.label(odd) == "odd" and rs.label({"seed": 3, "variant": "v"}) == "v"
+
+
+def test_each_rule_alone_and_the_base_entropy_filled_from_the_records_seed():
+    from bench import alarm_calibration as ac
+
+    runs = [
+        {"failed": True, "alarms": {"kl_excess": 20, "judge_drop": 50}},
+        {"failed": False, "alarms": {"judge_drop": 10}},
+    ]
+    a = ac.alone(runs)
+    assert a["kl_excess"] == {"caught": 1, "false": 0}
+    assert a["judge_drop"] == {"caught": 0, "false": 1}  # at 50: too late to count as caught
+    assert ac.youden({"caught": 3, "failed": 4, "false": 1, "healthy": 4}) == 0.5
+    r, other = _record(0.1, 0.0, 0.2), _record(0.1, 0.0, 0.2)
+    r["seed"], other["seed"] = 3, 4
+    for x in (r, other):
+        x["rows"][0]["probe/se/reward"] = 0.1
+    table = {"seeds": {"3": {"a": 0.2, "b": 0.21}}}
+    assert ac.with_base_entropy([r, other], table) == 1  # seed 4 has no measurement
+    assert r["rows"][0]["probe/entropy"] == 0.2 and "probe/entropy" not in other["rows"][0]
+    r["rows"][0]["probe/entropy"] = 0.3  # a run that logged its own keeps it
+    assert ac.with_base_entropy([r], table) == 0 and r["rows"][0]["probe/entropy"] == 0.3

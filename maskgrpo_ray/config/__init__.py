@@ -283,6 +283,12 @@ def _lever_rules(cfg: Config) -> None:
                 f"{mon.probe_prompts}, probe_every_steps={mon.probe_every_steps}); turn them "
                 "on or drop it from stop_on"
             )
+        if name == "kl_excess" and not mon.probe_kl:
+            raise ValueError(
+                "logging.monitors.stop_on names 'kl_excess', which cannot trip with "
+                "logging.monitors.probe_kl=false (no KL to the base is measured); set probe_kl "
+                "true or drop it from stop_on"
+            )
 
 
 class ConfigError(UserError, ValueError):

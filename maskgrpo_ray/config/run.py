@@ -169,13 +169,20 @@ class MonitorsConfig(Strict):
         "saturated, edges; a detector's malformed share) further from the base probe's than "
         "this many spreads of the base's per-prompt values",
     )
+    kl_share: float = Field(
+        1.75,
+        gt=0,
+        description="kl_excess alarm: a probe's KL to the base per token (probe/kl) above this "
+        "share of the base's own entropy per token (probe/entropy at step 0, in nats): the "
+        "policy has moved that share of its base's uncertainty away; needs probe_kl",
+    )
     persist_probes: int = Field(
         1, ge=1, description="probes in a row a probe alarm's rule must hold to trip"
     )
     probe_kl: bool = Field(
         True,
         description="log probe/kl, the KL of the policy to its base on the probe's samples "
-        "(k1 per token; local backend: the KL term's reference, else a frozen copy of the base "
+        "(k1 per token), and probe/entropy, the policy's entropy per token on them (local backend: the KL term's reference, else a frozen copy of the base "
         "kept from the start, one model's memory; Ray: each rollout actor keeps a frozen copy, "
         "one model's memory per actor; a LoRA policy's base is its adapter disabled)",
     )

@@ -96,38 +96,48 @@ def grid_unit(prompts: Sequence[str], settings: EvalSettings) -> tuple[EvalUnit,
 
 
 # what a monitor probe summarises besides the evaluation's figures (docs/monitors.md): the KL to
-# the base (``probe_kl``) and the image statistics (``runlog.monitors.image_statistics``)
+# the base and the policy's entropy (``probe_divergence``) and the image statistics
+# (``runlog.monitors.image_statistics``)
 PROBE_FIGURES = (
     "kl",
+    "entropy",
     "image/colour_entropy",
     "image/dark",
     "image/saturated",
     "image/edges",
     "image/malformed",
 )
-KL_PAIRS_PER_PASS = 256  # (sample, step) pairs per forward pass of probe_kl
+KL_PAIRS_PER_PASS = 256  # (sample, step) pairs per forward pass of probe_divergence
 
 
 @torch.no_grad()
-def probe_kl(
+def probe_divergence(
     policy: MaskedImagePolicy, base: MaskedImagePolicy, batch: RolloutBatch
-) -> torch.Tensor:
-    """Per sample of ``batch`` (drawn from ``policy``), float ``[N]``: the log-ratio of its
-    whole trajectory under ``policy`` and under ``base`` per token,
-    ``sum_t (log pi(Y_t | Y_t-1) - log base(Y_t | Y_t-1)) / L``, both scored with the
-    learner's likelihood (``learner_loss.pair_log_probs``, the rollout's guidance and
-    temperature). Its mean over samples is the k1 estimate of KL(policy || base) per token."""
+) -> dict[str, torch.Tensor]:
+    """Per sample of ``batch`` (drawn from ``policy``), float ``[N]`` each: ``kl``, the
+    log-ratio of its whole trajectory under ``policy`` and under ``base`` per token,
+    ``sum_t (log pi(Y_t | Y_t-1) - log base(Y_t | Y_t-1)) / L``, and ``entropy``, its negative
+    log-likelihood under ``policy`` per token, ``-sum_t log pi(Y_t | Y_t-1) / L``, both scored
+    with the learner's likelihood (``learner_loss.pair_log_probs``, the rollout's guidance and
+    temperature). Their means over samples are the k1 estimate of KL(policy || base) per token
+    and the Monte-Carlo estimate of the policy's trajectory entropy per token (in nats; at the
+    base, the unit its KL is measured against: ``runlog.probe_alarms``)."""
     tb = TrainBatch.from_rollout(batch, torch.zeros(batch.num_samples))
     n, units = batch.old_logp.shape
     samples, steps = train_pairs(tb, torch.arange(units))
-    diff = []
+    own, diff = [], []
     with torch.random.fork_rng(devices=[]):  # a forward that draws (dropout) leaves no trace
         for s in range(0, samples.numel(), KL_PAIRS_PER_PASS):
             i, t = samples[s : s + KL_PAIRS_PER_PASS], steps[s : s + KL_PAIRS_PER_PASS]
             lp, lb = pair_log_probs(policy, tb, i, t), pair_log_probs(base, tb, i, t)
+            own.append(lp.cpu())
             diff.append((lp - lb).cpu())
-    per_sample = torch.cat(diff).double().view(n, units).sum(-1)
-    return (per_sample / batch.final_tokens.shape[1]).float()
+    tokens = batch.final_tokens.shape[1]
+
+    def per_token(parts: list[torch.Tensor]) -> torch.Tensor:
+        return (torch.cat(parts).double().view(n, units).sum(-1) / tokens).float()
+
+    return {"kl": per_token(diff), "entropy": -per_token(own)}
 
 
 def unit_rewards(
@@ -248,6 +258,6 @@ def evaluate_rewards(
         rb = generate_unit(policy, u, settings)
         figures = unit_rewards(reward, rb, prompt_meta)
         if probe and base is not None:
-            figures["kl"] = probe_kl(policy, base, rb)
+            figures.update(probe_divergence(policy, base, rb))
         per_unit.append(figures)
     return summarize(per_unit, tags, PROBE_FIGURES if probe else ())

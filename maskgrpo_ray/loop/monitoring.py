@@ -86,6 +86,7 @@ class Monitor:
             diversity_share=m.diversity_share,
             diversity_drop_se=m.diversity_drop_se,
             drift_z=m.drift_z,
+            kl_share=m.kl_share,
             persist_probes=m.persist_probes,
         )
         self.stop_on = set(m.stop_on)
@@ -141,7 +142,10 @@ class Monitor:
         self.tripped = newly_tripped(history, figs)
         for name in self.tripped:
             log.warning(
-                "monitor alarm %r tripped at step %d: %s", name, row["step"], _why(name, figs)
+                "monitor alarm %r tripped at step %d: %s",
+                name,
+                row["step"],
+                _why(name, {**row, **figs}),
             )
         figs["time/monitors"] = time.perf_counter() - t0
         return figs
@@ -160,7 +164,11 @@ def _why(name: str, figs: Mapping[str, float]) -> str:
     """The figures behind an alarm, for its log line (docs/monitors.md has the rules)."""
     if name in PROBE_ALARMS:
         z = ", ".join(f"{k.removeprefix(Z)} {v:+.2f}" for k, v in figs.items() if k.startswith(Z))
-        return f"the probe moved from the base's probe (in the base's standard errors): {z}"
+        kl = figs.get("probe/kl", math.nan)
+        return (
+            f"the probe moved from the base's probe (in the base's standard errors): {z}; "
+            f"KL to the base {kl:.3f} nats per token"
+        )
     if name == "drift":
         parts = [
             f"{k.removeprefix('monitor/drift/')} {v:+.3f}"

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-JUDGE, REWARD, DIVERSITY, KL = "judge", "reward", "diversity", "kl"
+JUDGE, REWARD, DIVERSITY, KL, ENTROPY = "judge", "reward", "diversity", "kl", "entropy"
 IMAGE = ("colour_entropy", "dark", "saturated", "edges", "malformed")  # image/<name>
 # the probe figure -> the evaluation's key (``evaluation.generation.summarize``)
 EVAL_KEYS = {
@@ -36,10 +36,11 @@ EVAL_KEYS = {
     JUDGE: "eval_accuracy",
     DIVERSITY: "eval_diversity/pairwise",
     KL: "eval_kl",
+    ENTROPY: "eval_entropy",
     **{name: f"eval_image/{name}" for name in IMAGE},
 }
 SE_FIGURES = (JUDGE, REWARD, DIVERSITY)  # compared in standard errors of the base
-PROBE_ALARMS = ("judge_drop", "reward_drop", "diversity_loss", "probe_drift")
+PROBE_ALARMS = ("judge_drop", "reward_drop", "diversity_loss", "probe_drift", "kl_excess")
 ALL_ALARMS = ("hacking", "probe_hacking", "drift", *PROBE_ALARMS)  # every monitor alarm
 ALARM = "monitor/alarm/"
 BASE_B, SE, Z = "probe/base_b/", "probe/se/", "probe/z/"
@@ -54,6 +55,7 @@ class ProbeRules:
     diversity_share: float = 0.75  # diversity below this share of the base's ...
     diversity_drop_se: float = 2.0  # ... and below it by more than this many base se
     drift_z: float = 2.5  # |image statistic - base| beyond this many base spreads
+    kl_share: float = 1.75  # KL to the base above this share of the base's entropy per token
     persist_probes: int = 1  # consecutive probes a rule must hold to trip
 
 
@@ -141,8 +143,10 @@ def probe_rule_flags(
     ``probe/z/*`` and the base: ``judge_drop`` (the judge's z below ``-judge_drop_se``),
     ``reward_drop`` (the reward's below ``-reward_drop_se``), ``diversity_loss`` (the
     diversity below ``diversity_share`` of the base's and its z below ``-diversity_drop_se``),
-    ``probe_drift`` (an image statistic's |z| beyond ``drift_z``). A rule whose figure is
-    absent is left out."""
+    ``probe_drift`` (an image statistic's |z| beyond ``drift_z``), ``kl_excess`` (the KL to the
+    base per token above ``kl_share`` of the base's own entropy per token, both in nats: the
+    policy has moved that share of its base's uncertainty away). A rule whose figure is absent
+    is left out."""
     z = {k[len(Z) :]: float(v) for k, v in row.items() if k.startswith(Z) and _finite(v)}
     out: dict[str, float] = {}
     if JUDGE in z:
@@ -156,6 +160,9 @@ def probe_rule_flags(
     images = [abs(z[f]) for f in IMAGE if f in z]
     if images:
         out["probe_drift"] = float(max(images) > rules.drift_z)
+    kl, h0 = row.get(f"probe/{KL}", math.nan), base.get(f"probe/{ENTROPY}", math.nan)
+    if _finite(kl) and _finite(h0) and float(h0) > 0:
+        out["kl_excess"] = float(float(kl) > rules.kl_share * float(h0))
     return out
 
 
