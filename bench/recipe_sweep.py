@@ -71,6 +71,13 @@ def gain_se(r: dict) -> float:
 # config, toy_lab.Job.key).
 NO_KL = ["train.kl_coef=0"]
 BEFORE = ["train.learning_rate=5e-4", "train.ema_decay=0", *NO_KL]
+REFRESH = [
+    "reward.refresh.enabled=true",
+    "reward.refresh.every_steps=1",
+    "reward.refresh.updates=2",
+    "reward.refresh.learning_rate=1e-4",
+    "reward.refresh.replay_weight=1.0",
+]
 VARIANTS: dict[str, list[str]] = {
     # lr 2e-4, the weights' EMA at 0.9 and KL 0.01 to the base (configs/shapes.yaml, issue 53)
     DEFAULT: [],
@@ -111,15 +118,10 @@ VARIANTS: dict[str, list[str]] = {
         "train.unmasking_steps_trained=4",
     ],
     # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
-    # reference renders against that step's samples, its own AdamW, its grammar replayed
-    "reward refresh": [
-        *BEFORE,
-        "reward.refresh.enabled=true",
-        "reward.refresh.every_steps=1",
-        "reward.refresh.updates=2",
-        "reward.refresh.learning_rate=1e-4",
-        "reward.refresh.replay_weight=1.0",
-    ],
+    # reference renders against that step's samples, its own AdamW, its grammar replayed; first
+    # run on the first default (lr 5e-4), then on today's
+    "reward refresh at lr 5e-4": [*BEFORE, *REFRESH],
+    "reward refresh": REFRESH,
 }
 
 
