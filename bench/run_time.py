@@ -79,7 +79,9 @@ def table(records: Iterable[dict]) -> list[dict]:
     for r in records:
         if "generate_seconds" not in r or "wall_seconds" not in r:
             continue  # a record from before the lab timed its parts
-        reused = (r.get("base_eval_seconds") or 0.0) < REUSED_BELOW
+        reused = r.get("base_eval_reused")  # recorded since the lab kept it, else inferred
+        if reused is None:
+            reused = (r.get("base_eval_seconds") or 0.0) < REUSED_BELOW
         groups[(name(r), reused)].append(parts(r))
     rows = []
     for (variant, reused), ps in sorted(groups.items()):

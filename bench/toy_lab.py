@@ -159,7 +159,7 @@ def run_job(job: Job) -> dict[str, Any]:
         "step_seconds": _mean(r.get("step_seconds") for r in rows),
         # the learner's model input rows per image and update (NaN in records made before it)
         "forward_passes_per_sample": _mean(r.get("forward_passes_per_sample") for r in rows),
-        "base_eval_seconds": s.get("base_eval_seconds"),
+        **{k: s.get(k) for k in ("base_eval_seconds", "base_eval_reused", "probe_reused")},
         # the in-run evaluations' and the monitors' probes' seconds, summed over the run
         "in_run_eval_seconds": _sum(r.get("time/eval") for r in rows),
         "probe_seconds": _sum(r.get("time/monitor_probe") for r in rows),

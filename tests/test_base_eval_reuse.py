@@ -51,6 +51,10 @@ def test_the_second_run_reuses_and_learns_the_same(tmp_path, cache, caplog, monk
     assert any("held-out evaluation reused" in m for m in said)
     assert any("monitor probe reused" in m for m in said)
     assert second["base_eval"] == first["base_eval"] == plain["base_eval"]
+    # the summary says which run read them back (the lab's records carry it, bench/run_time.py)
+    assert (plain["base_eval_reused"], plain["probe_reused"]) == (False, False)
+    assert (first["base_eval_reused"], first["probe_reused"]) == (False, False)
+    assert (second["base_eval_reused"], second["probe_reused"]) == (True, True)
     # the evaluation draws from its own seeded generators: the training is untouched, and the
     # probe read back is the probe drawn (its figures, the base's standard errors among them)
     assert any(k.startswith("probe/se/") for k in second_rows[0])

@@ -133,10 +133,9 @@ def run_step(
 
 def _tag_grid(loop: _Loop, name: str) -> Path | None:
     """``samples/eval_tags_<name>.png``: the first held-out prompt of each GenEval tag under the
-    evaluation sampler, with the same seed for the base and the tuned model (when the run saves
-    sample grids and its evaluation prompts carry tags); to the trackers under ``eval_tags``, at
-    step 0 (base: logged once the trackers open) or the last step (final), apart from the
-    training samples."""
+    evaluation sampler, one seed for the base and the tuned model (where the run saves grids and
+    its evaluation prompts carry tags); to the trackers under ``eval_tags`` at step 0 (base:
+    logged once the trackers open) or the last step (final), apart from the training samples."""
     ev = loop.eval_prompts
     if not loop.cfg.logging.sample_grid_every_steps or not isinstance(ev, EvalSet):
         return None
@@ -172,6 +171,7 @@ class _Loop:
     base_grid: Path | None = None  # samples/eval_tags_base.png, drawn before the trackers open
     eval_seconds: dict[str, float] = field(default_factory=dict)  # "base", "final": wall seconds
     digest: BaseDigest | None = None  # the base weights' digest, taken once (held_out)
+    base_reused: bool | None = None  # the base's evaluation read back (None: resumed)
 
     def step(self, step: int, stop: Preemption) -> dict[str, Any]:
         """One driver step, logged: run it, count it, evaluate and draw samples when due."""
@@ -239,7 +239,7 @@ def _start(loop: _Loop, ckpts: Checkpoints, resume_from: Path | None) -> int:
         return start_step
     loop.runlog.supersede(0, RUN_ENDS, "a start from step 0 (the folder has no checkpoint)")
     t0 = time.perf_counter()
-    loop.base = evaluate_base(
+    loop.base, loop.base_reused = evaluate_base(
         loop.cfg,
         loop.digest or BaseDigest(loop.ex.policy_state),
         lambda: evaluate_held_out(loop.cfg, loop.ex, loop.eval_prompts),
@@ -441,9 +441,10 @@ def _finish(loop: _Loop, run_dir: Path, start_step: int, t_start: float) -> dict
     summary = run_summary(
         cfg, ex.policy_version, start_step, loop.base, final, loop.totals, t_start
     )
-    summary["eval_prompts"] = len(loop.eval_prompts)
+    probe_reused = loop.monitor.reused if loop.monitor else None  # eval.reuse_base_evaluation
+    summary.update(eval_prompts=len(loop.eval_prompts), completed=True)
+    summary.update(base_eval_reused=loop.base_reused, probe_reused=probe_reused)
     # the held-out evaluations' wall seconds (the base's absent on a resumed run)
     summary.update({f"{k}_eval_seconds": v for k, v in loop.eval_seconds.items()})
-    summary["completed"] = True
     loop.runlog.write_summary(summary)
     return summary

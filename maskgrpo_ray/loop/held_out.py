@@ -116,13 +116,14 @@ def evaluate_base(
     digest: Callable[[], str],
     evaluate: Callable[[], dict[str, float]],
     what: str = "eval",
-) -> dict[str, float]:
+) -> tuple[dict[str, float], bool]:
     """``evaluate()``, or its kept result where ``eval.reuse_base_evaluation`` finds one (and
-    the result kept for the next run). ``digest`` gives the base weights' digest (called only
+    the result kept for the next run), with whether it was read back (the run's summary says
+    so: ``base_eval_reused``, ``probe_reused``). ``digest`` gives the base weights' digest (called only
     when the field is on: a run's :class:`BaseDigest`); ``what``: "eval" (the held-out evaluation) or "probe" (the monitors' probe of
     the base, :func:`key_of`)."""
     if not cfg.eval.reuse_base_evaluation:
-        return evaluate()
+        return evaluate(), False
     name = key_of(cfg, digest(), what)
     path = cache_dir() / (f"{name}.json" if what == "eval" else f"{what}-{name}.json")
     if path.exists():
@@ -133,10 +134,10 @@ def evaluate_base(
         else:
             said = {"eval": "held-out evaluation", "probe": "monitor probe"}[what]
             log.info("base model: %s reused from %s (eval.reuse_base_evaluation)", said, path)
-            return {k: float(v) for k, v in found.items()}
+            return {k: float(v) for k, v in found.items()}, True
     out = evaluate()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(out))
     tmp.replace(path)  # atomic: two runs racing write the same figures
-    return out
+    return out, False

@@ -93,6 +93,7 @@ class Monitor:
         self.every = m.probe_every_steps if m.probe_prompts else 0
         self.prompts, self.tags = probe_set(prompts, tags, m.probe_prompts)
         self.unit, self.samples = cfg.eval.prompts_per_unit, cfg.eval.samples_per_prompt
+        self.reused: bool | None = None  # the base's probe read back (None: not drawn here)
 
     def probe(self, step: int) -> dict[str, float]:
         """At a probe step (``step % probe_every_steps == 0``, before its update: step 0 is the
@@ -105,7 +106,7 @@ class Monitor:
             return {}
         t0 = time.perf_counter()
         if step == 0:
-            row = evaluate_base(self.cfg, self.digest, lambda: self._draw(0), "probe")
+            row, self.reused = evaluate_base(self.cfg, self.digest, lambda: self._draw(0), "probe")
         else:
             row = self._draw(step)
         row["time/monitor_probe"] = time.perf_counter() - t0
