@@ -52,6 +52,12 @@ GRID = {
     "persist_probes": (1, 2),
 }
 BASE_ENTROPY = "bench/results_base_entropy.json"
+# How clear a run's verdict is, fixed before looking at the alarms: a clear failure ends more than
+# two standard errors below its base (judge or learned reward) or under 65% of its diversity; a
+# clear success gains at least one standard error, its reward does not fall and it keeps 85%.
+# The rest sit within the verdict's own noise of the line (75% of the diversity, no loss).
+CLEAR_LOSS_SE, CLEAR_GAIN_SE, CLEAR_LOST, CLEAR_KEPT = 2.0, 1.0, 0.65, 0.85
+CLASSES = ("clear failure", "borderline failure", "borderline healthy", "clear healthy")
 
 
 def measure_base_entropy(seeds: list[int]) -> dict[str, Any]:
@@ -89,20 +95,48 @@ def judged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if any(k.startswith("probe/se/") for row in r["rows"] for k in row)]
 
 
+def clarity(x: dict[str, Any]) -> str:
+    """One of :data:`CLASSES` for a run's verdict figures (``recipe_sweep.per_run``)."""
+    se, rse = x["gain_se"], x["reward_se"]
+    if (x["gain"] < -CLEAR_LOSS_SE * se or x["reward_change"] < -CLEAR_LOSS_SE * rse
+            or x["diversity_kept"] < CLEAR_LOST):  # fmt: skip
+        return CLASSES[0]  # (a record without the reward's se: its fall is never clear)
+    if x["failed"]:
+        return CLASSES[1]
+    if (
+        x["gain"] >= CLEAR_GAIN_SE * se
+        and x["reward_change"] >= 0
+        and x["diversity_kept"] >= CLEAR_KEPT
+    ):
+        return CLASSES[3]
+    return CLASSES[2]
+
+
+def by_clarity(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per class of :func:`clarity`: runs, those with an alarm before ``ALARM_BY``, with any."""
+    out = {c: {"runs": 0, "timely": 0, "any": 0} for c in CLASSES}
+    for x in runs:
+        o = out[x["clarity"]]
+        o["runs"] += 1
+        o["timely"] += any(v < rs.ALARM_BY for v in x["alarms"].values())
+        o["any"] += bool(x["alarms"])
+    return out
+
+
 def score(records: list[dict[str, Any]], rules: ProbeRules) -> dict[str, Any]:
     caught = false = n_failed = n_healthy = 0
     per_run = []
     for r in records:
-        failed = bool(rs.per_run(r)["failed"])
+        verdict = rs.per_run(r)
+        failed = bool(verdict["failed"])
         first = {k: v for k, v in replay_alarms(r["rows"], rules).items() if v is not None}
         timely = any(v < rs.ALARM_BY for v in first.values())
         n_failed += failed
         n_healthy += not failed
         caught += failed and timely
         false += (not failed) and bool(first)
-        per_run.append(
-            {"variant": r["variant"], "seed": r["seed"], "failed": failed, "alarms": first}
-        )
+        per_run.append({"variant": r["variant"], "seed": r["seed"], "failed": failed,
+                        "clarity": clarity(verdict), "alarms": first})  # fmt: skip
     return {"rules": asdict(rules), "caught": caught, "failed": n_failed, "false": false,
             "healthy": n_healthy, "runs": per_run}  # fmt: skip
 
@@ -129,10 +163,12 @@ def calibrate(
     uniq = {json.dumps([g["caught"], g["false"]]): g for g in front}  # one set per point
     out = {"today": today, "front": sorted(uniq.values(), key=lambda g: (-g["caught"], g["false"]))}
     out["alone"] = alone(today["runs"])
+    out["clarity"] = by_clarity(today["runs"])
     if confirm is not None:
         out["confirm_today"] = score(confirm, ProbeRules())
         today["confirm"] = _brief(out["confirm_today"])
         out["confirm_alone"] = alone(out["confirm_today"]["runs"])
+        out["confirm_clarity"] = by_clarity(out["confirm_today"]["runs"])
         for g in out["front"]:
             g["confirm"] = _brief(score(confirm, ProbeRules(**g["rules"])))
         held = [youden(score(confirm, ProbeRules(**g["rules"]))) for g in grid]
@@ -160,6 +196,26 @@ def alone(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         caught = sum(x["failed"] and x["alarms"].get(name, 99) < rs.ALARM_BY for x in runs)
         false = sum(not x["failed"] and name in x["alarms"] for x in runs)
         out[name] = {"caught": caught, "false": false}
+    return out
+
+
+def clarity_lines(c: dict[str, Any]) -> list[str]:
+    """Today's rules by how clear each run's verdict is (:func:`clarity`)."""
+    sets = [("", c["clarity"])]
+    if "confirm_clarity" in c:
+        sets.append((", held out", c["confirm_clarity"]))
+    out = ["", (f"Today's rules by how clear the verdict is (clear failure: more than "
+                f"{CLEAR_LOSS_SE:g} standard errors below the base on the judge or the learned reward, "
+                f"or under {CLEAR_LOST:.0%} of the diversity; clear healthy: a gain of at least "
+                f"{CLEAR_GAIN_SE:g} standard error, the reward not falling, {CLEAR_KEPT:.0%} of the "
+                f"diversity kept; borderline: the rest, on either side of the sweep's line). "
+                f"Runs with an alarm before step {rs.ALARM_BY} / with any alarm:"), "",
+           "| verdict | " + " | ".join(f"runs{t} | alarm by {rs.ALARM_BY}{t} | any alarm{t}"
+                                      for t, _ in sets) + " |",
+           "|---|" + "---|---|---|" * len(sets)]  # fmt: skip
+    for k in CLASSES:
+        cells = [f"{d[k]['runs']} | {d[k]['timely']} | {d[k]['any']}" for _, d in sets]
+        out.append(f"| {k} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -206,6 +262,7 @@ def markdown(c: dict[str, Any]) -> str:
             h, ct = c["confirm_alone"][name], c["confirm_today"]
             line += f"; {h['caught']}/{ct['failed']}, {h['false']}/{ct['healthy']}"
         out.append(line)
+    out += clarity_lines(c)
     if "transfer" in c:
         tr = c["transfer"]
         out += ["", f"Does a threshold set chosen on these seeds carry to the held-out ones? Over the "

@@ -161,3 +161,33 @@ def test_each_rule_alone_and_the_base_entropy_filled_from_the_records_seed():
     assert r["rows"][0]["probe/entropy"] == 0.2 and "probe/entropy" not in other["rows"][0]
     r["rows"][0]["probe/entropy"] = 0.3  # a run that logged its own keeps it
     assert ac.with_base_entropy([r], table) == 0 and r["rows"][0]["probe/entropy"] == 0.3
+
+
+def test_verdict_clarity_puts_each_run_in_its_class():
+    """A clear failure is far below its base or its diversity; a borderline one fails the sweep's
+    rule by less; a clear success gains at least one standard error and keeps 85%."""
+    from bench import alarm_calibration as ac
+
+    def v(gain, reward=0.5, kept=0.9, failed=()):
+        return {"gain": gain, "gain_se": 0.03, "reward_change": reward, "reward_se": 0.2,
+                "diversity_kept": kept, "failed": list(failed)}  # fmt: skip
+
+    assert ac.clarity(v(-0.07, failed=["below base"])) == "clear failure"
+    assert ac.clarity(v(0.1, reward=-0.5, failed=["reward falls"])) == "clear failure"
+    assert ac.clarity(v(0.1, kept=0.6, failed=["diversity"])) == "clear failure"
+    assert ac.clarity(v(0.1, kept=0.7, failed=["diversity"])) == "borderline failure"
+    assert ac.clarity(v(0.01)) == "borderline healthy"  # a gain under one standard error
+    assert ac.clarity(v(0.1, kept=0.8)) == "borderline healthy"
+    assert ac.clarity(v(0.1, reward=-0.1)) == "borderline healthy"
+    assert ac.clarity(v(0.1)) == "clear healthy"
+    nan = float("nan")  # a record without the reward's standard error: its fall is never clear
+    assert ac.clarity({**v(0.1, reward=-3.0, failed=["reward falls"]), "reward_se": nan}) == (
+        "borderline failure"
+    )
+    runs = [{"clarity": "clear failure", "alarms": {"judge_drop": 10}},
+            {"clarity": "clear failure", "alarms": {"kl_excess": 50}},
+            {"clarity": "clear healthy", "alarms": {}}]  # fmt: skip
+    c = ac.by_clarity(runs)
+    assert c["clear failure"] == {"runs": 2, "timely": 1, "any": 2}
+    assert c["clear healthy"] == {"runs": 1, "timely": 0, "any": 0}
+    assert c["borderline failure"]["runs"] == 0
