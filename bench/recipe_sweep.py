@@ -122,6 +122,10 @@ VARIANTS: dict[str, list[str]] = {
     # run on the first default (lr 5e-4), then on today's
     "reward refresh at lr 5e-4": [*BEFORE, *REFRESH],
     "reward refresh": REFRESH,
+    # GARDO (docs/diversity.md) on today's default, in the learned reward's own embedding (not the
+    # judge's: a real run has no detector to train against), re-centred so each group's update
+    # stays zero-sum: credit moves from a repeated good layout to a novel one
+    "GARDO re-centred": ["train.diversity.kind=gardo", "train.diversity.recentre=true"],
 }
 
 
