@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -52,11 +53,12 @@ GRID = {
     "persist_probes": (1, 2),
 }
 BASE_ENTROPY = "bench/results_base_entropy.json"
-# How clear a run's verdict is, fixed before looking at the alarms: a clear failure ends more than
-# two standard errors below its base (judge or learned reward) or under 65% of its diversity; a
-# clear success gains at least one standard error, its reward does not fall and it keeps 85%.
-# The rest sit within the verdict's own noise of the line (75% of the diversity, no loss).
-CLEAR_LOSS_SE, CLEAR_GAIN_SE, CLEAR_LOST, CLEAR_KEPT = 2.0, 1.0, 0.65, 0.85
+# How clear a run's verdict is, fixed before looking at the alarms: a clear failure fails by more
+# than its measurement's noise (recipe_sweep.failed_clearly: two standard errors below its base
+# on the judge or the learned reward, or the diversity two of its own noise below the 75% line); a
+# clear success gains at least one standard error, its reward does not fall and its diversity is
+# two of its noise above the line. The rest sit within the verdict's own noise of the line.
+CLEAR_GAIN_SE = 1.0
 CLASSES = ("clear failure", "borderline failure", "borderline healthy", "clear healthy")
 
 
@@ -95,18 +97,17 @@ def judged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if any(k.startswith("probe/se/") for row in r["rows"] for k in row)]
 
 
-def clarity(x: dict[str, Any]) -> str:
-    """One of :data:`CLASSES` for a run's verdict figures (``recipe_sweep.per_run``)."""
-    se, rse = x["gain_se"], x["reward_se"]
-    if (x["gain"] < -CLEAR_LOSS_SE * se or x["reward_change"] < -CLEAR_LOSS_SE * rse
-            or x["diversity_kept"] < CLEAR_LOST):  # fmt: skip
-        return CLASSES[0]  # (a record without the reward's se: its fall is never clear)
+def clarity(x: dict[str, Any], noise: float) -> str:
+    """One of :data:`CLASSES` for a run's verdict figures (``recipe_sweep.per_run``); ``noise``:
+    the diversity's (``recipe_sweep.diversity_noise``)."""
+    if rs.failed_clearly(x, noise):
+        return CLASSES[0]
     if x["failed"]:
         return CLASSES[1]
     if (
-        x["gain"] >= CLEAR_GAIN_SE * se
+        x["gain"] >= CLEAR_GAIN_SE * x["gain_se"]
         and x["reward_change"] >= 0
-        and x["diversity_kept"] >= CLEAR_KEPT
+        and x["diversity_kept"] >= rs.KEEP_DIVERSITY * math.exp(rs.NOISE_SE * noise)
     ):
         return CLASSES[3]
     return CLASSES[2]
@@ -123,7 +124,12 @@ def by_clarity(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return out
 
 
-def score(records: list[dict[str, Any]], rules: ProbeRules) -> dict[str, Any]:
+def score(
+    records: list[dict[str, Any]], rules: ProbeRules, noise: float = math.nan
+) -> dict[str, Any]:
+    """Today's or a grid's ``rules`` replayed on ``records``: failed runs caught in time, healthy
+    runs alarmed, and every run's verdict class (:func:`clarity`, with the diversity's
+    ``noise``)."""
     caught = false = n_failed = n_healthy = 0
     per_run = []
     for r in records:
@@ -136,7 +142,7 @@ def score(records: list[dict[str, Any]], rules: ProbeRules) -> dict[str, Any]:
         caught += failed and timely
         false += (not failed) and bool(first)
         per_run.append({"variant": r["variant"], "seed": r["seed"], "failed": failed,
-                        "clarity": clarity(verdict), "alarms": first})  # fmt: skip
+                        "clarity": clarity(verdict, noise), "alarms": first})  # fmt: skip
     return {"rules": asdict(rules), "caught": caught, "failed": n_failed, "false": false,
             "healthy": n_healthy, "runs": per_run}  # fmt: skip
 
@@ -150,7 +156,8 @@ def calibrate(
 ) -> dict[str, Any]:
     """Today's rules and the grid's Pareto front on ``records``; with ``confirm`` (other
     seeds' runs), every row scored on those too (``row["confirm"]``)."""
-    today = score(records, ProbeRules())
+    noise = rs.diversity_noise([*records, *(confirm or [])])[0]
+    today = score(records, ProbeRules(), noise)
     grid = []
     for values in itertools.product(*GRID.values()):
         rules = replace(ProbeRules(), **dict(zip(GRID, values, strict=True)))
@@ -161,11 +168,15 @@ def calibrate(
                    and (h["caught"], h["false"]) != (g["caught"], g["false"]) for h in grid)
     ]  # fmt: skip
     uniq = {json.dumps([g["caught"], g["false"]]): g for g in front}  # one set per point
-    out = {"today": today, "front": sorted(uniq.values(), key=lambda g: (-g["caught"], g["false"]))}
+    out: dict[str, Any] = {
+        "today": today,
+        "front": sorted(uniq.values(), key=lambda g: (-g["caught"], g["false"])),
+    }
     out["alone"] = alone(today["runs"])
     out["clarity"] = by_clarity(today["runs"])
+    out["diversity_noise"] = noise
     if confirm is not None:
-        out["confirm_today"] = score(confirm, ProbeRules())
+        out["confirm_today"] = score(confirm, ProbeRules(), noise)
         today["confirm"] = _brief(out["confirm_today"])
         out["confirm_alone"] = alone(out["confirm_today"]["runs"])
         out["confirm_clarity"] = by_clarity(out["confirm_today"]["runs"])
@@ -204,12 +215,16 @@ def clarity_lines(c: dict[str, Any]) -> list[str]:
     sets = [("", c["clarity"])]
     if "confirm_clarity" in c:
         sets.append((", held out", c["confirm_clarity"]))
+    sd = c.get("diversity_noise", math.nan)
+    lost, kept = (rs.KEEP_DIVERSITY * math.exp(k * rs.NOISE_SE * sd) for k in (-1, 1))
     out = ["", (f"Today's rules by how clear the verdict is (clear failure: more than "
-                f"{CLEAR_LOSS_SE:g} standard errors below the base on the judge or the learned reward, "
-                f"or under {CLEAR_LOST:.0%} of the diversity; clear healthy: a gain of at least "
-                f"{CLEAR_GAIN_SE:g} standard error, the reward not falling, {CLEAR_KEPT:.0%} of the "
-                f"diversity kept; borderline: the rest, on either side of the sweep's line). "
-                f"Runs with an alarm before step {rs.ALARM_BY} / with any alarm:"), "",
+                f"{rs.NOISE_SE:g} standard errors below the base on the judge or the learned "
+                f"reward, or under {lost:.1%} of the diversity, {rs.NOISE_SE:g} of its noise "
+                f"({sd:.3f} in log(kept), from the base's two probe draws) below the 75% line; "
+                f"clear healthy: a gain of at least {CLEAR_GAIN_SE:g} standard error, the reward "
+                f"not falling, {kept:.1%} of the diversity kept; borderline: the rest, on either "
+                f"side of the sweep's line). Runs with an alarm before step {rs.ALARM_BY} / with "
+                "any alarm:"), "",
            "| verdict | " + " | ".join(f"runs{t} | alarm by {rs.ALARM_BY}{t} | any alarm{t}"
                                       for t, _ in sets) + " |",
            "|---|" + "---|---|---|" * len(sets)]  # fmt: skip

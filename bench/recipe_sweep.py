@@ -25,6 +25,7 @@ alarm is *timely* when its first step is before 40).
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 
 from bench import paper_table as pt
@@ -159,6 +160,55 @@ def reward_se(r: dict) -> float:
     return float("nan") if b is None or f is None else (b * b + f * f) ** 0.5
 
 
+@functools.cache
+def _probe_over_eval(config: str) -> float:
+    """The probe's prompts over the held-out evaluation's (``config``'s monitors; the world's
+    held-out split)."""
+    from maskgrpo_ray.config import load_config
+    from maskgrpo_ray.worlds.shapes.scenes import EVAL_PER_TAG
+
+    return load_config(config, []).logging.monitors.probe_prompts / sum(EVAL_PER_TAG.values())
+
+
+def diversity_noise(records: list[dict]) -> tuple[float, int]:
+    """What sampling alone does to a run's diversity kept: the standard deviation of
+    ``log(kept)`` on the held-out evaluation, and the number of bases it comes from (NaN under 3).
+
+    Each run with the probe alarms drew its base's probe twice at step 0 (the same prompts, other
+    seeds): ``log(b / a)`` over the distinct bases has the spread of the log of a ratio of two
+    independent draws, as ``kept`` (the tuned model's evaluation over the base's) is, on the
+    probe's prompts; scaled by ``sqrt(probe prompts / evaluation prompts)`` to the evaluation's.
+    The tuned model's samples are less varied than the base's, so this is the base's noise."""
+    logs = {}
+    for r in records:
+        row = next((x for x in r.get("rows", []) if "probe/base_b/diversity" in x), None)
+        if row is None or row["probe/diversity"] <= 0 or row["probe/base_b/diversity"] <= 0:
+            continue
+        a, b = row["probe/diversity"], row["probe/base_b/diversity"]
+        logs[(r["seed"], r.get("config", CONFIG), round(a, 6), round(b, 6))] = math.log(b / a)
+    if len(logs) < 3:
+        return float("nan"), len(logs)
+    scale = _probe_over_eval(CONFIG) ** 0.5
+    return statistics.pstdev(logs.values()) * scale, len(logs)
+
+
+def clearly_lost(kept: float, noise: float) -> bool:
+    """``kept`` under :data:`KEEP_DIVERSITY` by more than ``NOISE_SE`` times the noise of
+    :func:`diversity_noise` (on the log scale); with no noise figure, under the line at all."""
+    return kept < KEEP_DIVERSITY * (math.exp(-NOISE_SE * noise) if noise == noise else 1.0)
+
+
+def failed_clearly(x: dict, noise: float) -> bool:
+    """Whether a verdict (:func:`per_run`) fails by more than its measurement's noise: a gain or a
+    reward change more than ``NOISE_SE`` standard errors below the base (a record without the
+    standard error: never clearly), or the diversity :func:`clearly_lost`."""
+    return (
+        x["gain"] < -NOISE_SE * x["gain_se"]
+        or x["reward_change"] < -NOISE_SE * x["reward_se"]
+        or clearly_lost(x["diversity_kept"], noise)
+    )
+
+
 def per_run(r: dict) -> dict:
     """One run's verdict figures (see the module's docstring)."""
     tag = lab.score_key(r)
@@ -185,8 +235,11 @@ def per_run(r: dict) -> dict:
             "failed": failed, "alarms": first, "timely_alarms": timely, "judged": judged}  # fmt: skip
 
 
-def table(runs: list[dict], names: list[str]) -> list[dict]:
+def table(runs: list[dict], names: list[str], noise: float | None = None) -> list[dict]:
+    """Per variant of ``names``: its seeds' verdicts and figures; ``noise``: the diversity's
+    (:func:`diversity_noise`; None: from ``runs``)."""
     rows = []
+    noise = diversity_noise(runs)[0] if noise is None else noise
     for n in names:
         rs = [per_run(r) for r in lab.of(runs, n)]
         if not rs:
@@ -198,6 +251,7 @@ def table(runs: list[dict], names: list[str]) -> list[dict]:
         rows.append({
             "variant": n, "overrides": VARIANTS.get(n, []), "runs": rs,
             "seeds": [x["seed"] for x in rs], "failed": sum(bool(x["failed"]) for x in rs),
+            "failed_clearly": sum(failed_clearly(x, noise) for x in rs),
             "judged_failed": len(failed), "judged_healthy": len(healthy),
             "gain": lab.interval(gains) if gains else None,
             "min_gain": min(gains), "below_base": sum(x["below_base"] for x in rs),
@@ -216,7 +270,9 @@ def _mean_se(rows: list[dict]) -> float:
     return statistics.fmean(ses) if ses else float("nan")
 
 
-def markdown(rows: list[dict], steps: int) -> str:
+def markdown(rows: list[dict], steps: int, noise: tuple[float, int] = (math.nan, 0)) -> str:
+    sd, bases = noise
+    line = KEEP_DIVERSITY * math.exp(-NOISE_SE * sd)
     out = [
         f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
         "torch thread (world: shapes, this machine's rounding). Failed = below base (a gain "
@@ -228,16 +284,24 @@ def markdown(rows: list[dict], steps: int) -> str:
         f"Alarms (runs recorded with the probe alarms only): failed runs caught before step "
         f"{ALARM_BY} / healthy runs alarmed.",
         "",
-        "| variant | seeds | failed | gain (95% CI) | min gain | below 0 | reward rises | "
-        "diversity kept (mean, min) | paired vs first | alarms: caught / false |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"The diversity kept's own noise (sampling alone, from the base's probe drawn twice at "
+        f"step 0 on {bases} bases, scaled to the evaluation's prompts): a standard deviation of "
+        f"{sd:.3f} in log(kept). 'Beyond noise' counts the seeds that fail by more than "
+        f"{NOISE_SE:g} of their standard errors: the gain or the reward (a record without the "
+        f"reward's standard error: never), or under {line:.1%} of the diversity (a seed between "
+        "that and 75% is within the measurement's noise of the line).",
+        "",
+        "| variant | seeds | failed | beyond noise | gain (95% CI) | min gain | below 0 | "
+        "reward rises | diversity kept (mean, min) | paired vs first | alarms: caught / false |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         gain = lab.fmt_interval(r["gain"], signed=True) if r["gain"] else "-"
         pv = lab.fmt_interval(r["paired_vs_first"], signed=True) if r["paired_vs_first"] else "-"
         n = len(r["seeds"])
         out.append(
-            f"| {r['variant']} | {n} | {r['failed']} | {gain} | {r['min_gain']:+.3f} | "
+            f"| {r['variant']} | {n} | {r['failed']} | {r['failed_clearly']} | {gain} | "
+            f"{r['min_gain']:+.3f} | "
             f"{r['below_base']}/{n} | "
             f"{r['reward_rises']}/{n} | {r['mean_diversity_kept']:.0%}, "
             f"{r['min_diversity_kept']:.0%} | {pv} | {r['failed_caught']}/{r['judged_failed']} / "
@@ -267,9 +331,10 @@ def main() -> None:
                 f"{x['diversity_kept']:.0%} {'/'.join(x['failed']) or 'ok'}")  # fmt: skip
 
     runs = lab.run_from_args(jobs, a, lab.progress(24, describe))
-    rows = table(runs, names)
-    lab.write_results(a.out, {"config": CONFIG, "steps": a.steps, "rows": rows},
-                      markdown(rows, a.steps), a.markdown)  # fmt: skip
+    noise = diversity_noise(runs)
+    rows = table(runs, names, noise[0])
+    out = {"config": CONFIG, "steps": a.steps, "diversity_noise": noise, "rows": rows}
+    lab.write_results(a.out, out, markdown(rows, a.steps, noise), a.markdown)
 
 
 if __name__ == "__main__":

@@ -164,24 +164,28 @@ def test_each_rule_alone_and_the_base_entropy_filled_from_the_records_seed():
 
 
 def test_verdict_clarity_puts_each_run_in_its_class():
-    """A clear failure is far below its base or its diversity; a borderline one fails the sweep's
-    rule by less; a clear success gains at least one standard error and keeps 85%."""
+    """A clear failure is far below its base or its diversity (two of the diversity's noise under
+    the 75% line); a borderline one fails the sweep's rule by less; a clear success gains at least
+    one standard error and keeps two of the noise above the line."""
     from bench import alarm_calibration as ac
 
     def v(gain, reward=0.5, kept=0.9, failed=()):
         return {"gain": gain, "gain_se": 0.03, "reward_change": reward, "reward_se": 0.2,
                 "diversity_kept": kept, "failed": list(failed)}  # fmt: skip
 
-    assert ac.clarity(v(-0.07, failed=["below base"])) == "clear failure"
-    assert ac.clarity(v(0.1, reward=-0.5, failed=["reward falls"])) == "clear failure"
-    assert ac.clarity(v(0.1, kept=0.6, failed=["diversity"])) == "clear failure"
-    assert ac.clarity(v(0.1, kept=0.7, failed=["diversity"])) == "borderline failure"
-    assert ac.clarity(v(0.01)) == "borderline healthy"  # a gain under one standard error
-    assert ac.clarity(v(0.1, kept=0.8)) == "borderline healthy"
-    assert ac.clarity(v(0.1, reward=-0.1)) == "borderline healthy"
-    assert ac.clarity(v(0.1)) == "clear healthy"
+    sd = 0.05  # the lines: 0.75 * exp(-0.1) = 0.679 and 0.75 * exp(0.1) = 0.829
+    assert ac.clarity(v(-0.07, failed=["below base"]), sd) == "clear failure"
+    assert ac.clarity(v(0.1, reward=-0.5, failed=["reward falls"]), sd) == "clear failure"
+    assert ac.clarity(v(0.1, kept=0.67, failed=["diversity"]), sd) == "clear failure"
+    assert ac.clarity(v(0.1, kept=0.69, failed=["diversity"]), sd) == "borderline failure"
+    assert ac.clarity(v(0.1, kept=0.69, failed=["diversity"]), 0.02) == "clear failure"
+    assert ac.clarity(v(0.01), sd) == "borderline healthy"  # a gain under one standard error
+    assert ac.clarity(v(0.1, kept=0.82), sd) == "borderline healthy"
+    assert ac.clarity(v(0.1, kept=0.84), sd) == "clear healthy"
+    assert ac.clarity(v(0.1, reward=-0.1), sd) == "borderline healthy"
+    assert ac.clarity(v(0.1), sd) == "clear healthy"
     nan = float("nan")  # a record without the reward's standard error: its fall is never clear
-    assert ac.clarity({**v(0.1, reward=-3.0, failed=["reward falls"]), "reward_se": nan}) == (
+    assert ac.clarity({**v(0.1, reward=-3.0, failed=["reward falls"]), "reward_se": nan}, sd) == (
         "borderline failure"
     )
     runs = [{"clarity": "clear failure", "alarms": {"judge_drop": 10}},
@@ -191,3 +195,32 @@ def test_verdict_clarity_puts_each_run_in_its_class():
     assert c["clear failure"] == {"runs": 2, "timely": 1, "any": 2}
     assert c["clear healthy"] == {"runs": 1, "timely": 0, "any": 0}
     assert c["borderline failure"]["runs"] == 0
+
+
+def test_the_diversity_noise_is_the_spread_of_the_bases_two_probe_draws(monkeypatch):
+    """sd(log(b / a)) over distinct bases, scaled to the evaluation's prompts; a base seen in
+    several records counts once; under three bases there is no figure."""
+    from bench import recipe_sweep as rs
+
+    monkeypatch.setattr(rs, "_probe_over_eval", lambda config: 0.25)
+
+    def rec(seed, a, b):
+        return {
+            "seed": seed,
+            "rows": [{"step": 0, "probe/diversity": a, "probe/base_b/diversity": b}],
+        }
+
+    ratios = [1.1, 0.9, 1.0]
+    recs = [rec(s, 0.2, 0.2 * q) for s, q in enumerate(ratios)]
+    recs.append(rec(0, 0.2, 0.2 * 1.1))  # the same base again (another recipe on seed 0)
+    recs.append({"seed": 9, "rows": [{"step": 0}]})  # recorded before the probe alarms
+    sd, bases = rs.diversity_noise(recs)
+    logs = [math.log(q) for q in ratios]
+    mean = sum(logs) / 3
+    assert bases == 3
+    assert math.isclose(sd, (sum((x - mean) ** 2 for x in logs) / 3) ** 0.5 * 0.5)
+    assert math.isnan(rs.diversity_noise(recs[:2])[0])
+    assert rs.clearly_lost(0.71, 0.02) and not rs.clearly_lost(
+        0.73, 0.02
+    )  # line: 0.75 e^-0.04 = 0.72
+    assert rs.clearly_lost(0.74, float("nan")) and not rs.clearly_lost(0.76, float("nan"))
