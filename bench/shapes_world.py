@@ -18,6 +18,9 @@ with the judge, and the base model per tag with its diversity.
   diversity per prompt: the mean pairwise ``1 - cos`` in the judge's layout embedding (the
   dominant colour of every token: not the reward's embedding), the same in the reward model's
   embedding, and the share of distinct detected layouts.
+* **The diversity a correct policy keeps** (``reference_diversity``): the same pairwise figure on
+  ``--samples`` correct scenes per held-out prompt drawn by the world's own sampler: what a
+  policy that is always right, spread as the pre-training data is, would show.
 
 ``--picture RUN --picture-out PNG`` instead puts a run's per-tag grids side by side (the base
 model's ``samples/eval_tags_base.png`` and the tuned one's ``eval_tags_final.png``, the same
@@ -109,6 +112,27 @@ def sample(policy, prompts: list[scenes.Prompt], k: int, cfg) -> torch.Tensor:
     return torch.cat(out)
 
 
+def reference_diversity(world, prompts: list[scenes.Prompt], k: int, seed: int = 11) -> dict:
+    """The diversity a policy that is always right could keep: ``k`` correct scenes per prompt
+    drawn by the world's own sampler (``scenes.sample_scene``: what the prompt leaves open drawn
+    at random, as in pre-training), rendered, and measured as the model is (the mean pairwise
+    ``1 - cos`` in the judge's layout embedding), overall and per tag. Set against the base's
+    ``pairwise_layout``: above it, learning to be right need not cost diversity in this world."""
+    rng = np.random.default_rng(seed)
+    g, p = world.grid, world.patch_px
+    per_tag: dict[str, list[float]] = {}
+    for q in prompts:
+        imgs = np.stack([scenes.render(scenes.sample_scene(q, g, rng, p), g, p) for _ in range(k)])
+        d = mean_pairwise_distance(judge.layout_features(torch.from_numpy(imgs), p), k)
+        per_tag.setdefault(q.tag, []).append(float(d.mean()))
+    everything = [v for vs in per_tag.values() for v in vs]
+    return {
+        "samples": k,
+        "pairwise_layout": statistics.fmean(everything),
+        "tags": {t: statistics.fmean(v) for t, v in per_tag.items()},
+    }
+
+
 def model_figures(policy, reward, prompts, images: torch.Tensor, k: int, patch_px: int) -> dict:
     metas = [q.metadata() for q in prompts for _ in range(k)]
     texts = [q.text for q in prompts for _ in range(k)]
@@ -192,6 +216,7 @@ def main() -> None:
     _, held = scenes.split_prompts()
     images = sample(policy, list(held), a.samples, cfg)
     out["model"] = model_figures(policy, reward, list(held), images, a.samples, world.patch_px)
+    out["reference_diversity"] = reference_diversity(world, list(held), a.samples)
     out["seconds"] = time.perf_counter() - t0
     print(json.dumps(out, indent=1))
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

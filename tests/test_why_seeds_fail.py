@@ -1,9 +1,13 @@
-"""bench/why_seeds_fail.py: the separation figure (AUC) and the per-run figures, on made-up
-records whose answer is known."""
+"""Issue 53's benches on made-up records whose answer is known: bench/why_seeds_fail.py (the
+separation figure, AUC, and the per-run figures), the sweep's verdict and its noise
+(bench/recipe_sweep.py), the alarms' calibration and the world's reference diversity."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
+import torch
 
 from bench import why_seeds_fail as w
 
@@ -224,3 +228,25 @@ def test_the_diversity_noise_is_the_spread_of_the_bases_two_probe_draws(monkeypa
         0.73, 0.02
     )  # line: 0.75 e^-0.04 = 0.72
     assert rs.clearly_lost(0.74, float("nan")) and not rs.clearly_lost(0.76, float("nan"))
+
+
+def test_the_worlds_correct_scenes_are_judged_correct_and_measured_as_the_model_is():
+    """The reference diversity draws correct scenes only (the judge passes every one) and is the
+    mean pairwise layout distance per prompt: larger for counting (several free places) than for
+    a one-colour prompt; no figure (NaN) for a prompt drawn once."""
+    from bench import shapes_world as sw
+    from maskgrpo_ray.worlds.shapes import judge, scenes
+    from maskgrpo_ray.worlds.shapes.policy import WorldSpec
+
+    w = WorldSpec()
+    _, held = scenes.split_prompts()
+    rng = np.random.default_rng(0)
+    for q in held:
+        objs = [scenes.sample_scene(q, w.grid, rng, w.patch_px) for _ in range(3)]
+        imgs = torch.from_numpy(np.stack([scenes.render(o, w.grid, w.patch_px) for o in objs]))
+        assert judge.judge(imgs, [q.metadata()] * 3, w.patch_px)["geneval"].min() == 1.0
+    ref = sw.reference_diversity(w, list(held), 6)
+    assert set(ref["tags"]) == {q.tag for q in held} and ref["samples"] == 6
+    assert ref["tags"]["counting"] > ref["tags"]["colors"] > 0.0
+    assert 0.0 < ref["pairwise_layout"] < 1.0
+    assert math.isnan(sw.reference_diversity(w, list(held)[:2], 1)["pairwise_layout"])
