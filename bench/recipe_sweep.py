@@ -127,6 +127,12 @@ VARIANTS: dict[str, list[str]] = {
     # judge's: a real run has no detector to train against), re-centred so each group's update
     # stays zero-sum: credit moves from a repeated good layout to a novel one
     "GARDO re-centred": ["train.diversity.kind=gardo", "train.diversity.recentre=true"],
+    # LoRA on today's default (rank 8 of d_model 96, every linear layer; the KL's reference is the
+    # adapter disabled): a learning rate to choose on seeds 0-4 first, as Flow-GRPO trains
+    **{
+        f"LoRA r8, lr {lr}": ["model.lora={rank: 8, alpha: 16}", f"train.learning_rate={lr}"]
+        for lr in ("5e-4", "1e-3", "2e-3")
+    },
 }
 
 
