@@ -107,7 +107,7 @@ def clarity(x: dict[str, Any], noise: float) -> str:
     if (
         x["gain"] >= CLEAR_GAIN_SE * x["gain_se"]
         and x["reward_change"] >= 0
-        and x["diversity_kept"] >= rs.KEEP_DIVERSITY * math.exp(rs.NOISE_SE * noise)
+        and x["diversity_kept"] >= rs.diversity_band(noise)[1]
     ):
         return CLASSES[3]
     return CLASSES[2]
@@ -216,7 +216,7 @@ def clarity_lines(c: dict[str, Any]) -> list[str]:
     if "confirm_clarity" in c:
         sets.append((", held out", c["confirm_clarity"]))
     sd = c.get("diversity_noise", math.nan)
-    lost, kept = (rs.KEEP_DIVERSITY * math.exp(k * rs.NOISE_SE * sd) for k in (-1, 1))
+    lost, kept = rs.diversity_band(sd)
     out = ["", (f"Today's rules by how clear the verdict is (clear failure: more than "
                 f"{rs.NOISE_SE:g} standard errors below the base on the judge or the learned "
                 f"reward, or under {lost:.1%} of the diversity, {rs.NOISE_SE:g} of its noise "

@@ -198,10 +198,17 @@ def diversity_noise(records: list[dict]) -> tuple[float, int]:
     return statistics.pstdev(logs.values()) * scale, len(logs)
 
 
+def diversity_band(noise: float) -> tuple[float, float]:
+    """The shares of the base's diversity ``NOISE_SE`` times the noise of
+    :func:`diversity_noise` (on the log scale) below and above :data:`KEEP_DIVERSITY`; with no
+    noise figure, the line itself on both sides."""
+    w = math.exp(NOISE_SE * noise) if noise == noise else 1.0
+    return KEEP_DIVERSITY / w, KEEP_DIVERSITY * w
+
+
 def clearly_lost(kept: float, noise: float) -> bool:
-    """``kept`` under :data:`KEEP_DIVERSITY` by more than ``NOISE_SE`` times the noise of
-    :func:`diversity_noise` (on the log scale); with no noise figure, under the line at all."""
-    return kept < KEEP_DIVERSITY * (math.exp(-NOISE_SE * noise) if noise == noise else 1.0)
+    """``kept`` below :func:`diversity_band`'s lower edge."""
+    return kept < diversity_band(noise)[0]
 
 
 def failed_clearly(x: dict, noise: float) -> bool:
@@ -278,7 +285,7 @@ def _mean_se(rows: list[dict]) -> float:
 
 def markdown(rows: list[dict], steps: int, noise: tuple[float, int] = (math.nan, 0)) -> str:
     sd, bases = noise
-    line = KEEP_DIVERSITY * math.exp(-NOISE_SE * sd)
+    line = diversity_band(sd)[0]
     out = [
         f"Issue 53's sweep: `{CONFIG}` with each variant, {steps} steps, single-process, one "
         "torch thread (world: shapes, this machine's rounding). Failed = below base (a gain "
