@@ -42,7 +42,14 @@ from typing import Any
 from bench import recipe_sweep as rs
 from bench import toy_lab as lab
 from bench import why_seeds_fail as why
-from maskgrpo_ray.runlog.probe_alarms import PROBE_ALARMS, ProbeRules, replay_alarms
+from maskgrpo_ray.runlog.probe_alarms import (
+    PROBE_ALARMS,
+    SE,
+    ProbeRules,
+    Z,
+    probe_z,
+    replay_alarms,
+)
 
 GRID = {
     "judge_drop_se": (2.0, 2.5, 3.0, 4.0, 5.0),
@@ -59,6 +66,7 @@ BASE_ENTROPY = "bench/results_base_entropy.json"
 # clear success gains at least one standard error, its reward does not fall and its diversity is
 # two of its noise above the line. The rest sit within the verdict's own noise of the line.
 CLEAR_GAIN_SE = 1.0
+PROBE_STEPS = (10, 20, 30, 40, 50)  # the shapes config's probes after the base (every 10 steps)
 CLASSES = ("clear failure", "borderline failure", "borderline healthy", "clear healthy")
 
 
@@ -135,7 +143,7 @@ def score(
     for r in records:
         verdict = rs.per_run(r)
         failed = bool(verdict["failed"])
-        first = {k: v for k, v in replay_alarms(r["rows"], rules).items() if v is not None}
+        first = {k: v for k, v in replay_alarms(_probe_rows(r), rules).items() if v is not None}
         timely = any(v < rs.ALARM_BY for v in first.values())
         n_failed += failed
         n_healthy += not failed
@@ -145,6 +153,18 @@ def score(
                         "clarity": clarity(verdict, noise), "alarms": first})  # fmt: skip
     return {"rules": asdict(rules), "caught": caught, "failed": n_failed, "false": false,
             "healthy": n_healthy, "runs": per_run}  # fmt: skip
+
+
+def _probe_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's probe rows with only what the probe rules read (step, ``probe/*``), kept
+    on the record: the grid replays each run a few thousand times."""
+    if "_probe_rows" not in r:
+        r["_probe_rows"] = [
+            {k: v for k, v in row.items() if k == "step" or k.startswith("probe/")}
+            for row in r["rows"]
+            if isinstance(row.get("probe/reward"), int | float)
+        ]
+    return r["_probe_rows"]
 
 
 def _brief(s: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +195,7 @@ def calibrate(
     out["alone"] = alone(today["runs"])
     out["clarity"] = by_clarity(today["runs"])
     out["diversity_noise"] = noise
+    out["separability"] = separability(records, PROBE_STEPS)
     if confirm is not None:
         out["confirm_today"] = score(confirm, ProbeRules(), noise)
         today["confirm"] = _brief(out["confirm_today"])
@@ -183,7 +204,46 @@ def calibrate(
         for g in out["front"]:
             g["confirm"] = _brief(score(confirm, ProbeRules(**g["rules"])))
         held = [youden(score(confirm, ProbeRules(**g["rules"]))) for g in grid]
+        out["confirm_separability"] = separability(confirm, PROBE_STEPS)
         out["transfer"] = {"sets": len(grid), "r": pearson([youden(g) for g in grid], held)}
+    return out
+
+
+SEPARATE = ("judge", "reward", "diversity", "kl")  # the probe figures :func:`separability` ranks
+
+
+def early_signal(r: dict[str, Any], step: int) -> dict[str, float]:
+    """A run's probe at ``step`` in the rules' own units: the judge's, the reward's and the
+    diversity's z against the base, and the KL to the base in the base's entropy per token
+    (sign turned so that, like the z's, lower is worse); ``{}`` where no probe ran then."""
+    rows = _probe_rows(r)
+    base = next((x for x in rows if any(k.startswith(SE) for k in x)), None)
+    row = next((x for x in rows if x.get("step") == step), None)
+    if base is None or row is None or row is base:
+        return {}
+    z = probe_z(row, base)
+    out = {f: z[Z + f] for f in SEPARATE if Z + f in z}
+    kl, h0 = row.get("probe/kl"), base.get("probe/entropy")
+    if isinstance(kl, int | float) and isinstance(h0, int | float) and h0 > 0:
+        out["kl"] = -float(kl) / float(h0)
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def separability(records: list[dict[str, Any]], steps: tuple[int, ...]) -> dict[str, Any]:
+    """How well each probe figure at each probe step tells the runs that end failed from those
+    that end healthy, whatever the threshold (the AUC per figure and step: the chance that a
+    failed run's figure is below a healthy run's, ties half): a rule that thresholds that figure
+    there can only trade catches for false alarms along this ranking."""
+    verdict = [(bool(rs.per_run(r)["failed"]), r) for r in records]
+    out: dict[str, Any] = {}
+    for step in steps:
+        sig = [(failed, early_signal(r, step)) for failed, r in verdict]
+        out[str(step)] = {  # why.auc(a, b): P(a > b); here P(healthy's figure > failed's)
+            f: why.auc(
+                [s[f] for y, s in sig if not y and f in s], [s[f] for y, s in sig if y and f in s]
+            )
+            for f in SEPARATE
+        }
     return out
 
 
@@ -231,6 +291,25 @@ def clarity_lines(c: dict[str, Any]) -> list[str]:
     for k in CLASSES:
         cells = [f"{d[k]['runs']} | {d[k]['timely']} | {d[k]['any']}" for _, d in sets]
         out.append(f"| {k} | " + " | ".join(cells) + " |")
+    return out
+
+
+def separability_lines(c: dict[str, Any]) -> list[str]:
+    """:func:`separability`'s table: per probe step, each figure's AUC on the chosen seeds and,
+    where there are any, the held-out ones."""
+    sets = [("", c["separability"])]
+    if "confirm_separability" in c:
+        sets.append((", held out", c["confirm_separability"]))
+    out = ["", ("How well each probe figure tells a run that ends failed from one that ends "
+                "healthy, whatever the threshold (AUC: the chance that a failed run's figure is "
+                "worse than a healthy run's; 0.5 none, 1 always; KL in the base's entropy per "
+                "token). A threshold on one figure at one probe can only trade catches for "
+                "false alarms along this ranking:"), "",
+           "| probe step | " + " | ".join(f"{f}{t}" for t, _ in sets for f in SEPARATE) + " |",
+           "|---|" + "---|" * (len(SEPARATE) * len(sets))]  # fmt: skip
+    for step in sets[0][1]:
+        cells = [f"{d[step][f]:.2f}" for _, d in sets for f in SEPARATE]
+        out.append(f"| {step} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -283,6 +362,8 @@ def markdown(c: dict[str, Any]) -> str:
         out += ["", f"Does a threshold set chosen on these seeds carry to the held-out ones? Over the "
                     f"grid's {tr['sets']} sets, the correlation of each set's caught share minus "
                     f"false-alarm share on the two seed sets is r = {tr['r']:+.2f}."]  # fmt: skip
+    if "separability" in c:
+        out += separability_lines(c)
     for title, runs in [("", t["runs"]), (" held out", c.get("confirm_today", {}).get("runs"))]:
         if runs is None:
             continue

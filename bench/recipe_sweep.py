@@ -131,7 +131,7 @@ VARIANTS: dict[str, list[str]] = {
     # adapter disabled): a learning rate to choose on seeds 0-4 first, as Flow-GRPO trains
     **{
         f"LoRA r8, lr {lr}": ["model.lora={rank: 8, alpha: 16}", f"train.learning_rate={lr}"]
-        for lr in ("5e-4", "1e-3", "2e-3")
+        for lr in ("5e-4", "1e-3", "2e-3", "4e-3")
     },
 }
 

@@ -75,6 +75,7 @@ def test_alarm_calibration_counts_caught_and_false_alarms(monkeypatch):
     # seed 0 (failed) alarmed at 10, seed 1 (failed) only at 50, seed 2 (healthy) at 30
     firsts = {0: {"judge_drop": 10}, 1: {"reward_drop": 50}, 2: {"probe_drift": 30}}
     monkeypatch.setattr(ac, "replay_alarms", lambda rows, rules: firsts[rows[0]["seed"]])
+    monkeypatch.setattr(ac, "_probe_rows", lambda r: r["rows"])  # the fake reads the seed
     for i, r in enumerate(recs):
         r["rows"][0]["seed"] = i
     s = ac.score(recs, ProbeRules())
@@ -97,6 +98,7 @@ def test_alarm_calibration_scores_the_front_on_seeds_it_was_not_chosen_on(monkey
         return {"judge_drop": 10} if s == 0 or (s == 3 and rules.judge_drop_se < 4) else {}
 
     monkeypatch.setattr(ac, "replay_alarms", replay)
+    monkeypatch.setattr(ac, "_probe_rows", lambda r: r["rows"])
     c = ac.calibrate(chosen, held)
     assert (c["today"]["caught"], c["today"]["false"]) == (1, 0)
     assert (c["today"]["confirm"]["healthy"], c["today"]["confirm"]["false"]) == (2, 1)
@@ -250,3 +252,39 @@ def test_the_worlds_correct_scenes_are_judged_correct_and_measured_as_the_model_
     assert ref["tags"]["counting"] > ref["tags"]["colors"] > 0.0
     assert 0.0 < ref["pairwise_layout"] < 1.0
     assert math.isnan(sw.reference_diversity(w, list(held)[:2], 1)["pairwise_layout"])
+
+
+def test_the_calibration_replays_the_probe_rows_alone_and_ranks_each_early_figure():
+    """The grid replays a run's slimmed probe rows (step, ``probe/*``): the same first steps as
+    the whole run's rows. ``separability``: per probe step, the chance that a failed run's
+    figure is worse than a healthy run's; the KL counted in the base's entropy, turned so that
+    lower is worse."""
+    from bench import alarm_calibration as ac
+    from maskgrpo_ray.runlog.probe_alarms import replay_alarms
+
+    def rec(gain: float, z_div: float, kl: float, seed: int) -> dict:
+        r = _record(0.1, 0.0, gain)
+        r["seed"] = seed
+        base = {"probe/reward": 20.0, "probe/diversity": 1.0, "probe/entropy": 0.2,
+                "probe/se/reward": 0.1, "probe/se/diversity": 0.05}  # fmt: skip
+        r["rows"][0].update(base)
+        for s in (10, 20, 30):
+            r["rows"][s].update({"probe/reward": 20.0 - s / 100, "probe/kl": kl,
+                                 "probe/diversity": 1.0 + 0.05 * z_div})  # fmt: skip
+        return r
+
+    runs = [rec(-0.2, -4.0, 0.5, 0), rec(-0.2, -1.0, 0.1, 1), rec(0.2, -2.0, 0.05, 2),
+            rec(0.2, 0.0, 0.06, 3)]  # fmt: skip
+    for r in runs:
+        assert replay_alarms(ac._probe_rows(r)) == replay_alarms(r["rows"])
+        assert all(set(x) <= {"step"} | {k for k in x if k.startswith("probe/")}
+                   for x in ac._probe_rows(r))  # fmt: skip
+    sig = ac.early_signal(runs[0], 20)
+    assert math.isclose(sig["diversity"], -4.0) and math.isclose(sig["kl"], -2.5)
+    assert math.isclose(sig["reward"], -2.0)
+    assert ac.early_signal(runs[0], 40) == {}  # no probe there
+    sep = ac.separability(runs, (10, 30))
+    # failed: seeds 0-1 (diversity -4, -1; KL 2.5, 0.5 of the entropy); healthy: 2-3
+    assert sep["10"]["kl"] == 1.0  # every failed run further from its base than every healthy
+    assert sep["10"]["diversity"] == 0.75  # -4 < -2, -4 < 0, -1 < 0; not -1 < -2
+    assert sep["30"]["reward"] == 0.5  # the same fall on every run: no information

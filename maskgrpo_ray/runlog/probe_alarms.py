@@ -206,7 +206,8 @@ def replay_alarms(
     keep = (ALARM, "monitor/probe_rule/", Z)
     history: list[dict[str, Any]] = []
     first: dict[str, int | None] = dict.fromkeys(PROBE_ALARMS)
-    for r in sorted(rows, key=lambda r: int(r["step"])):
+    probes = [r for r in rows if _finite(r.get(f"probe/{REWARD}"))]  # the rest carry no alarm
+    for r in sorted(probes, key=lambda r: int(r["step"])):
         row = {k: v for k, v in r.items() if not k.startswith(keep)}
         row.update(probe_alarm_flags(history, row, rules))
         for name in PROBE_ALARMS:
