@@ -210,6 +210,11 @@ def calibrate(
 
 
 SEPARATE = ("judge", "reward", "diversity", "kl")  # the probe figures :func:`separability` ranks
+# the in-run evaluation's (the final's prompts and seeds, 40 prompts; the sweep's runs evaluate
+# every 20 steps): the judge's gain, the learned reward's change, log(diversity kept)
+EVAL_SEPARATE = {"eval judge": "eval_accuracy/tag_mean", "eval reward": "eval_reward",
+                 "eval diversity": "eval_diversity/pairwise"}  # fmt: skip
+EVAL_STEPS = (20, 40)
 
 
 def early_signal(r: dict[str, Any], step: int) -> dict[str, float]:
@@ -229,6 +234,21 @@ def early_signal(r: dict[str, Any], step: int) -> dict[str, float]:
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
+def eval_signal(r: dict[str, Any], step: int) -> dict[str, float]:
+    """A run's in-run evaluation at ``step`` against its base (:data:`EVAL_SEPARATE`), lower
+    worse; ``{}`` where it did not evaluate then."""
+    curve = {int(c["step"]): c for c in r.get("curve", [])}
+    if step not in curve or 0 not in curve:
+        return {}
+    now, base = curve[step], curve[0]
+    out = {}
+    for name, key in EVAL_SEPARATE.items():
+        a, b = now.get(key), base.get(key)
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            out[name] = math.log(a / b) if "diversity" in name and a > 0 < b else a - b
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
 def separability(records: list[dict[str, Any]], steps: tuple[int, ...]) -> dict[str, Any]:
     """How well each probe figure at each probe step tells the runs that end failed from those
     that end healthy, whatever the threshold (the AUC per figure and step: the chance that a
@@ -236,14 +256,13 @@ def separability(records: list[dict[str, Any]], steps: tuple[int, ...]) -> dict[
     there can only trade catches for false alarms along this ranking."""
     verdict = [(bool(rs.per_run(r)["failed"]), r) for r in records]
     out: dict[str, Any] = {}
-    for step in steps:
-        sig = [(failed, early_signal(r, step)) for failed, r in verdict]
-        out[str(step)] = {  # why.auc(a, b): P(a > b); here P(healthy's figure > failed's)
-            f: why.auc(
-                [s[f] for y, s in sig if not y and f in s], [s[f] for y, s in sig if y and f in s]
-            )
-            for f in SEPARATE
-        }
+    for step in sorted({*steps, *EVAL_STEPS}):
+        sig = [(y, {**early_signal(r, step), **eval_signal(r, step)}) for y, r in verdict]
+        figs = [*SEPARATE, *EVAL_SEPARATE]
+        # why.auc(a, b): P(a > b); here P(a healthy run's figure > a failed run's)
+        auc = {f: why.auc([s[f] for y, s in sig if not y and f in s],
+                          [s[f] for y, s in sig if y and f in s]) for f in figs}  # fmt: skip
+        out[str(step)] = {f: v for f, v in auc.items() if math.isfinite(v)}
     return out
 
 
@@ -295,20 +314,22 @@ def clarity_lines(c: dict[str, Any]) -> list[str]:
 
 
 def separability_lines(c: dict[str, Any]) -> list[str]:
-    """:func:`separability`'s table: per probe step, each figure's AUC on the chosen seeds and,
+    """:func:`separability`'s table: per step, each figure's AUC on the chosen seeds and,
     where there are any, the held-out ones."""
     sets = [("", c["separability"])]
     if "confirm_separability" in c:
         sets.append((", held out", c["confirm_separability"]))
+    figs = [*SEPARATE, *EVAL_SEPARATE]
     out = ["", ("How well each probe figure tells a run that ends failed from one that ends "
                 "healthy, whatever the threshold (AUC: the chance that a failed run's figure is "
                 "worse than a healthy run's; 0.5 none, 1 always; KL in the base's entropy per "
-                "token). A threshold on one figure at one probe can only trade catches for "
-                "false alarms along this ranking:"), "",
-           "| probe step | " + " | ".join(f"{f}{t}" for t, _ in sets for f in SEPARATE) + " |",
-           "|---|" + "---|" * (len(SEPARATE) * len(sets))]  # fmt: skip
+                "token; eval: the run's own evaluation on the final's 40 prompts, every 20 "
+                "steps). A threshold on one figure at one step can only trade catches for false alarms "
+                "along this ranking:"), "",
+           "| step | " + " | ".join(f"{f}{t}" for t, _ in sets for f in figs) + " |",
+           "|---|" + "---|" * (len(figs) * len(sets))]  # fmt: skip
     for step in sets[0][1]:
-        cells = [f"{d[step][f]:.2f}" for _, d in sets for f in SEPARATE]
+        cells = [f"{d[step][f]:.2f}" if f in d[step] else "" for _, d in sets for f in figs]
         out.append(f"| {step} | " + " | ".join(cells) + " |")
     return out
 

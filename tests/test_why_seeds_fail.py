@@ -288,3 +288,16 @@ def test_the_calibration_replays_the_probe_rows_alone_and_ranks_each_early_figur
     assert sep["10"]["kl"] == 1.0  # every failed run further from its base than every healthy
     assert sep["10"]["diversity"] == 0.75  # -4 < -2, -4 < 0, -1 < 0; not -1 < -2
     assert sep["30"]["reward"] == 0.5  # the same fall on every run: no information
+    # the in-run evaluation: the judge's gain, the reward's change, log(diversity kept)
+    for r, g in zip(runs, (-0.1, 0.05, 0.1, 0.2), strict=True):
+        r["curve"] = [{"step": 0, **r["base"]},
+                      {"step": 20, **r["base"], "eval_accuracy/tag_mean": 0.3 + g,
+                       "eval_diversity/pairwise": 0.5}]  # fmt: skip
+    e = ac.eval_signal(runs[0], 20)
+    assert math.isclose(e["eval judge"], -0.1) and e["eval reward"] == 0.0
+    assert math.isclose(e["eval diversity"], math.log(0.5))
+    assert ac.eval_signal(runs[0], 40) == {}
+    sep = ac.separability(runs, (10,))
+    assert sep["20"]["eval judge"] == 1.0 and sep["20"]["eval diversity"] == 0.5
+    assert "eval judge" not in sep["10"] and set(sep) == {"10", "20", "40"}
+    assert "| step | judge | reward |" in "\n".join(ac.separability_lines({"separability": sep}))
