@@ -44,9 +44,9 @@ from bench import toy_lab as lab
 from bench import why_seeds_fail as why
 from maskgrpo_ray.runlog.probe_alarms import (
     PROBE_ALARMS,
-    SE,
     ProbeRules,
     Z,
+    base_row,
     probe_z,
     replay_alarms,
 )
@@ -222,7 +222,7 @@ def early_signal(r: dict[str, Any], step: int) -> dict[str, float]:
     diversity's z against the base, and the KL to the base in the base's entropy per token
     (sign turned so that, like the z's, lower is worse); ``{}`` where no probe ran then."""
     rows = _probe_rows(r)
-    base = next((x for x in rows if any(k.startswith(SE) for k in x)), None)
+    base = base_row(rows)
     row = next((x for x in rows if x.get("step") == step), None)
     if base is None or row is None or row is base:
         return {}
@@ -256,9 +256,9 @@ def separability(records: list[dict[str, Any]], steps: tuple[int, ...]) -> dict[
     there can only trade catches for false alarms along this ranking."""
     verdict = [(bool(rs.per_run(r)["failed"]), r) for r in records]
     out: dict[str, Any] = {}
+    figs = [*SEPARATE, *EVAL_SEPARATE]
     for step in sorted({*steps, *EVAL_STEPS}):
         sig = [(y, {**early_signal(r, step), **eval_signal(r, step)}) for y, r in verdict]
-        figs = [*SEPARATE, *EVAL_SEPARATE]
         # why.auc(a, b): P(a > b); here P(a healthy run's figure > a failed run's)
         auc = {f: why.auc([s[f] for y, s in sig if not y and f in s],
                           [s[f] for y, s in sig if y and f in s]) for f in figs}  # fmt: skip
@@ -324,8 +324,8 @@ def separability_lines(c: dict[str, Any]) -> list[str]:
                 "healthy, whatever the threshold (AUC: the chance that a failed run's figure is "
                 "worse than a healthy run's; 0.5 none, 1 always; KL in the base's entropy per "
                 "token; eval: the run's own evaluation on the final's 40 prompts, every 20 "
-                "steps). A threshold on one figure at one step can only trade catches for false alarms "
-                "along this ranking:"), "",
+                "steps). A threshold on one figure at one step can only trade catches for "
+                "false alarms along this ranking:"), "",
            "| step | " + " | ".join(f"{f}{t}" for t, _ in sets for f in figs) + " |",
            "|---|" + "---|" * (len(figs) * len(sets))]  # fmt: skip
     for step in sets[0][1]:
