@@ -127,6 +127,20 @@ VARIANTS: dict[str, list[str]] = {
     # judge's: a real run has no detector to train against), re-centred so each group's update
     # stays zero-sum: credit moves from a repeated good layout to a novel one
     "GARDO re-centred": ["train.diversity.kind=gardo", "train.diversity.recentre=true"],
+    # levers aimed at the diversity the default loses on seeds 10 and 16: DiverseGRPO's
+    # early-step anchor (the first 4 of 16 unmasking steps, where the layout is decided, held to
+    # the base by a KL of 0.1 and given no reward advantage) and its diversity bonus, in the
+    # learned reward's own embedding (a real run has no detector), 10 x the pairwise distance
+    # (a group's spread of it, about 0.05-0.1, against the reward's within-group spread of 2-3)
+    "anchor first 4 steps, KL 0.1": [
+        "train.anchor_unmasking_steps=4",
+        "train.anchor_kl_coef=0.1",
+    ],
+    "bonus 10 x pairwise": [
+        "train.diversity.kind=bonus",
+        "train.diversity.bonus_weight=10",
+        "train.diversity.measure=pairwise",
+    ],
     # LoRA on today's default (rank 8 of d_model 96, every linear layer; the KL's reference is the
     # adapter disabled): a learning rate to choose on seeds 0-4 first, as Flow-GRPO trains
     **{
