@@ -7,8 +7,9 @@ paper's recipe on the GenEval-shaped world.
         [--plot docs/img/frontier_shapes.png]
 
 Every recipe is ``--config`` (default ``configs/shapes.yaml``) with the paper's recipe pinned
-(``paper_table.PAPER_RECIPE``: no KL; the reference is the paper's recipe scaled down), then each
-``--set`` (every recipe's, e.g. ``--set train.kl_coef=0.01`` for the shipped shapes default),
+(``paper_table.PAPER_RECIPE``: no KL, no anchor; the reference is the paper's recipe scaled
+down), then each ``--set`` (every recipe's, e.g. ``--set train.kl_coef=0.01 --set
+train.anchor_unmasking_steps=4 --set train.anchor_kl_coef=0.1``: the shipped shapes default),
 then the recipe's overrides, trained ``--steps`` steps per seed on the
 single-process backend through ``bench/toy_lab.py`` (cached per resolved config and seed, run two
 at a time, resumable: a rerun runs only what is missing; the reference's runs are
@@ -327,7 +328,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         help="an override for every recipe, the reference included, after the paper's recipe "
-        "(e.g. --set train.kl_coef=0.01: the frontier on the shipped shapes default)",
+        "(e.g. --set train.kl_coef=0.01 --set train.anchor_unmasking_steps=4 --set "
+        "train.anchor_kl_coef=0.1: the frontier on the shipped shapes default)",
     )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true")

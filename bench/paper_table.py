@@ -4,14 +4,14 @@
         [--jobs 2] [--fresh] [--out bench/results_paper_table.json]
         [--markdown docs/paper_table.md]
 
-Every row is ``configs/shapes.yaml`` with the paper's recipe pinned (:data:`PAPER_RECIPE`: no KL, which
-the world's shipped default adds; with the YAML's p_theta1, std filter and every unmasking step
-trained, the paper's recipe scaled down) and the row's change, trained ``--steps`` steps on the
-single-process backend, one run per seed (``bench/toy_lab.py``: cached per resolved config and
-seed, two at a time). Its figures: the held-out GenEval-proxy score after training (the judge's
-accuracy on the held-out prompts, GenEval's overall: the mean of the six tags' accuracies,
-``eval_accuracy/tag_mean``), the gain over the base
-model, the area under the held-out learning curve (AUC), each tag's final score, and the
+Every row is ``configs/shapes.yaml`` with the paper's recipe pinned (:data:`PAPER_RECIPE`: no KL
+and no early-step anchor, which the world's shipped default adds; with the YAML's p_theta1, std
+filter and every unmasking step trained, the paper's recipe scaled down) and the row's change,
+trained ``--steps`` steps on the single-process backend, one run per seed
+(``bench/toy_lab.py``: cached per resolved config and seed, two at a time). Its figures: the
+held-out GenEval-proxy score after training (the judge's accuracy on the held-out prompts,
+GenEval's overall: the mean of the six tags' accuracies, ``eval_accuracy/tag_mean``), the gain
+over the base model, the area under the held-out learning curve (AUC), each tag's final score, and the
 training reward beside the judge's accuracy over the last 10 steps (reward hacking shows as the
 first rising without the second). Every row is paired by seed against "Mask-GRPO": the mean
 difference and its 95% t-interval.
@@ -33,10 +33,11 @@ from bench import toy_lab as lab
 CONFIG = "configs/shapes.yaml"
 COMMON = ["eval.every_steps=20", "logging.sample_grid_every_steps=0"]
 # the paper's recipe where the world's default departs from it: Mask-GRPO trains without KL (its
-# Table 3: KL 0.04 loses); configs/shapes.yaml adds KL 0.01 (issue 53's sweep, docs/recipe_sweep.md).
-# Pinned here and in the frontier's reference, so their records are the paper's recipe under any
-# later default (a record's key is its resolved config).
-PAPER_RECIPE = ["train.kl_coef=0"]
+# Table 3: KL 0.04 loses) and every unmasking step on the reward; configs/shapes.yaml adds KL 0.01
+# and anchors the first 4 steps to the base (issue 53's sweep, docs/recipe_sweep.md). Pinned here
+# and in the frontier's reference, so their records are the paper's recipe under any later
+# default (a record's key is its resolved config).
+PAPER_RECIPE = ["train.kl_coef=0", "train.anchor_unmasking_steps=0", "train.anchor_kl_coef=0"]
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 FULL = "Mask-GRPO (p_theta1)"
 HALF = 8  # of the 16 unmasking steps

@@ -72,6 +72,8 @@ def gain_se(r: dict) -> float:
 # config, toy_lab.Job.key).
 NO_KL = ["train.kl_coef=0"]
 BEFORE = ["train.learning_rate=5e-4", "train.ema_decay=0", *NO_KL]
+# and before the early-step anchor joined the default: every lever below was measured without it
+NO_ANCHOR = ["train.anchor_unmasking_steps=0", "train.anchor_kl_coef=0"]
 REFRESH = [
     "reward.refresh.enabled=true",
     "reward.refresh.every_steps=1",
@@ -79,10 +81,10 @@ REFRESH = [
     "reward.refresh.learning_rate=1e-4",
     "reward.refresh.replay_weight=1.0",
 ]
-VARIANTS: dict[str, list[str]] = {
-    # lr 2e-4, the weights' EMA at 0.9 and KL 0.01 to the base (configs/shapes.yaml, issue 53)
-    DEFAULT: [],
-    "KL 0 (default before; the paper's)": NO_KL,
+_MEASURED: dict[str, list[str]] = {
+    # lr 2e-4, the weights' EMA at 0.9 and KL 0.01 to the base, no anchor: the default before
+    "no anchor (default before)": [],
+    "KL 0 (the paper's)": NO_KL,
     "lr 5e-4 (first default)": BEFORE,
     "lr 2e-4": ["train.learning_rate=2e-4", "train.ema_decay=0", *NO_KL],
     "lr 1e-4": ["train.learning_rate=1e-4", "train.ema_decay=0", *NO_KL],
@@ -110,7 +112,7 @@ VARIANTS: dict[str, list[str]] = {
         "train.unmasking_steps_trained=4",
         *NO_KL,
     ],
-    # on today's default (KL 0.01)
+    # on the default before the anchor (KL 0.01)
     "updates 2": ["train.updates_per_batch=2"],
     "B 16": ["train.prompts_per_step=16"],
     "G 12": ["rollout.samples_per_prompt=12"],
@@ -120,33 +122,34 @@ VARIANTS: dict[str, list[str]] = {
     ],
     # Adv-GRPO's online reward (reward.refresh): the learned reward trains after every step on
     # reference renders against that step's samples, its own AdamW, its grammar replayed; first
-    # run on the first default (lr 5e-4), then on today's
+    # run on the first default (lr 5e-4), then on the default before the anchor
     "reward refresh at lr 5e-4": [*BEFORE, *REFRESH],
     "reward refresh": REFRESH,
-    # GARDO (docs/diversity.md) on today's default, in the learned reward's own embedding (not the
-    # judge's: a real run has no detector to train against), re-centred so each group's update
-    # stays zero-sum: credit moves from a repeated good layout to a novel one
+    # GARDO (docs/diversity.md) on the default before the anchor, in the learned reward's own
+    # embedding (not the judge's: a real run has no detector to train against), re-centred so
+    # each group's update stays zero-sum: credit moves from a repeated good layout to a novel one
     "GARDO re-centred": ["train.diversity.kind=gardo", "train.diversity.recentre=true"],
-    # levers aimed at the diversity the default loses on seeds 10 and 16: DiverseGRPO's
-    # early-step anchor (the first 4 of 16 unmasking steps, where the layout is decided, held to
-    # the base by a KL of 0.1 and given no reward advantage) and its diversity bonus, in the
-    # learned reward's own embedding (a real run has no detector), 10 x the pairwise distance
-    # (a group's spread of it, about 0.05-0.1, against the reward's within-group spread of 2-3)
-    "anchor first 4 steps, KL 0.1": [
-        "train.anchor_unmasking_steps=4",
-        "train.anchor_kl_coef=0.1",
-    ],
+    # levers aimed at the diversity the default before lost on seeds 10 and 16: DiverseGRPO's
+    # early-step anchor (today's default) and its diversity bonus, in the learned reward's own
+    # embedding (a real run has no detector), 10 x the pairwise distance (a group's spread of
+    # it, about 0.05-0.1, against the reward's within-group spread of 2-3)
     "bonus 10 x pairwise": [
         "train.diversity.kind=bonus",
         "train.diversity.bonus_weight=10",
         "train.diversity.measure=pairwise",
     ],
-    # LoRA on today's default (rank 8 of d_model 96, every linear layer; the KL's reference is the
-    # adapter disabled): a learning rate to choose on seeds 0-4 first, as Flow-GRPO trains
+    # LoRA on the default before the anchor (rank 8 of d_model 96, every linear layer; the KL's
+    # reference is the adapter disabled): a learning rate chosen on seeds 0-1, as Flow-GRPO trains
     **{
         f"LoRA r8, lr {lr}": ["model.lora={rank: 8, alpha: 16}", f"train.learning_rate={lr}"]
         for lr in ("5e-4", "1e-3", "2e-3", "4e-3")
     },
+}
+VARIANTS: dict[str, list[str]] = {
+    # lr 2e-4, the weights' EMA at 0.9, KL 0.01 to the base and the first 4 of the 16 unmasking
+    # steps anchored to the base (KL 0.1, no reward advantage): configs/shapes.yaml, issue 53
+    DEFAULT: [],
+    **{name: [*over, *NO_ANCHOR] for name, over in _MEASURED.items()},
 }
 
 

@@ -152,9 +152,10 @@ def test_a_recipes_staleness_and_on_policy_figures_come_from_its_runs_rows(fr):
 
 
 def test_the_reference_is_table_3s_paper_recipe_and_set_moves_every_row(fr):
-    """The frontier's reference runs the paper's KL-free recipe: the same record as Table 3's
-    full method on a seed, whatever the shapes default (which adds KL 0.01); ``--set`` applies to
-    every row, the reference included, so the frontier can run on the shipped default."""
+    """The frontier's reference runs the paper's recipe (no KL, no anchor): the same record as
+    Table 3's full method on a seed, whatever the shapes default (which adds KL 0.01 and the
+    early-step anchor); ``--set`` applies to every row, the reference included, so the frontier
+    can run on the shipped default."""
     from bench import paper_table as pt
     from bench import toy_lab as lab
 
@@ -165,9 +166,11 @@ def test_the_reference_is_table_3s_paper_recipe_and_set_moves_every_row(fr):
                                *pt.PAPER_RECIPE])[0]  # fmt: skip
     assert jobs[0].key() == full.key()
     assert jobs[0].resolved()["train"]["kl_coef"] == 0.0
+    assert jobs[0].resolved()["train"]["anchor_unmasking_steps"] == 0
     _, _, on = fr.plan(
         fr._args(["--seeds", "3", "--recipes", recipes, "--combine", "", "--set",
-                  "train.kl_coef=0.01"])
+                  "train.kl_coef=0.01", "--set", "train.anchor_unmasking_steps=4", "--set",
+                  "train.anchor_kl_coef=0.1"])
     )  # fmt: skip
     assert all(j.resolved()["train"]["kl_coef"] == 0.01 for j in on)
     assert {j.key() for j in on}.isdisjoint(j.key() for j in jobs)

@@ -127,9 +127,9 @@ def test_the_learned_reward_falls_only_beyond_its_noise_where_the_record_has_it(
 
 def test_a_record_is_named_by_the_variant_its_key_matches_today():
     """The default moved (issue 53): a run recorded as "default (shapes.yaml)" at lr 5e-4 is
-    today's "lr 5e-4 (first default)", one at KL 0 today's "KL 0 (...)"; a run of today's
-    default recorded under a lever's name is the default; one that no variant reproduces keeps
-    its name."""
+    today's "lr 5e-4 (first default)", one at KL 0 today's "KL 0 (...)", one without the
+    anchor "no anchor (default before)"; a run of today's default recorded under a lever's name
+    is the default; one that no variant reproduces keeps its name."""
     from bench import paper_table as pt
     from bench import recipe_sweep as rs
     from bench import toy_lab as lab
@@ -137,11 +137,14 @@ def test_a_record_is_named_by_the_variant_its_key_matches_today():
     def key(over: list[str]) -> str:
         return lab.Job("x", tuple(over), 3, 60, config=rs.CONFIG, extra=tuple(pt.COMMON)).key()
 
-    before = {"key": key(rs.BEFORE), "seed": 3, "steps": 60, "variant": rs.DEFAULT}
+    before = {"key": key([*rs.BEFORE, *rs.NO_ANCHOR]), "seed": 3, "steps": 60, "variant": "x"}
     assert rs.label(before) == "lr 5e-4 (first default)"
-    no_kl = {"key": key(["train.kl_coef=0"]), "seed": 3, "steps": 60, "variant": rs.DEFAULT}
-    assert rs.label(no_kl) == "KL 0 (default before; the paper's)"
-    now = {"key": key(["train.kl_coef=0.01"]), "seed": 3, "steps": 60, "variant": "KL 0.01"}
+    no_kl = {"key": key(["train.kl_coef=0", *rs.NO_ANCHOR]), "seed": 3, "steps": 60, "variant": "y"}
+    assert rs.label(no_kl) == "KL 0 (the paper's)"
+    no_anchor = {"key": key(rs.NO_ANCHOR), "seed": 3, "steps": 60, "variant": rs.DEFAULT}
+    assert rs.label(no_anchor) == "no anchor (default before)"
+    anchored = ["train.anchor_unmasking_steps=4", "train.anchor_kl_coef=0.1"]
+    now = {"key": key(anchored), "seed": 3, "steps": 60, "variant": "anchor first 4 steps, KL 0.1"}
     assert rs.label(now) == rs.DEFAULT
     odd = {"key": key(["train.learning_rate=3e-4"]), "seed": 3, "steps": 60, "variant": "odd"}
     assert rs.label(odd) == "odd" and rs.label({"seed": 3, "variant": "v"}) == "v"
