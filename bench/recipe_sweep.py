@@ -150,6 +150,11 @@ VARIANTS: dict[str, list[str]] = {
     # steps anchored to the base (KL 0.1, no reward advantage): configs/shapes.yaml, issue 53
     DEFAULT: [],
     **{name: [*over, *NO_ANCHOR] for name, over in _MEASURED.items()},
+    # on today's default (anchored): with the layout's steps held to the base, can the other 12
+    # take a larger step (more gain), or a second update per batch (the clip acts; the reward
+    # rose on every seed it ran without the anchor)?
+    "anchored, lr 3e-4": ["train.learning_rate=3e-4"],
+    "anchored, updates 2": ["train.updates_per_batch=2"],
 }
 
 
