@@ -146,7 +146,9 @@ def test_a_record_is_named_by_the_variant_its_key_matches_today():
     anchored = ["train.anchor_unmasking_steps=4", "train.anchor_kl_coef=0.1"]
     now = {"key": key(anchored), "seed": 3, "steps": 60, "variant": "anchor first 4 steps, KL 0.1"}
     assert rs.label(now) == rs.DEFAULT
-    odd = {"key": key(["train.learning_rate=3e-4"]), "seed": 3, "steps": 60, "variant": "odd"}
+    larger = {"key": key(["train.learning_rate=3e-4"]), "seed": 3, "steps": 60, "variant": "z"}
+    assert rs.label(larger) == "anchored, lr 3e-4"  # a lever on today's default: no NO_ANCHOR
+    odd = {"key": key(["train.learning_rate=7e-4"]), "seed": 3, "steps": 60, "variant": "odd"}
     assert rs.label(odd) == "odd" and rs.label({"seed": 3, "variant": "v"}) == "v"
 
 
