@@ -43,6 +43,8 @@ from bench import recipe_sweep as rs
 from bench import toy_lab as lab
 from bench import why_seeds_fail as why
 from maskgrpo_ray.runlog.probe_alarms import (
+    EVAL_ALARMS,
+    EVAL_KEYS,
     PROBE_ALARMS,
     ProbeRules,
     Z,
@@ -54,12 +56,15 @@ from maskgrpo_ray.runlog.probe_alarms import (
 GRID = {
     "judge_drop_se": (2.0, 2.5, 3.0, 4.0, 5.0),
     "reward_drop_se": (2.0, 3.0, 4.0, 5.0),
-    "diversity_share": (0.75, 0.85),
+    "diversity_share": (0.0, 0.75, 0.85),  # 0: the probe's rule off
+    "eval_diversity_share": (0.0, 0.75, 0.85),  # 0: the evaluation's rule off
     "drift_z": (2.5, 4.0),
     "kl_share": (1.0, 1.5, 1.75, 2.0, 3.0, 1e9),  # 1e9: the rule off
     "persist_probes": (1, 2),
 }
 BASE_ENTROPY = "bench/results_base_entropy.json"
+EVAL_DIV = EVAL_KEYS["diversity"]  # the in-run evaluation's figure eval_diversity_loss reads
+READ = ("step", EVAL_DIV)
 # How clear a run's verdict is, fixed before looking at the alarms: a clear failure fails by more
 # than its measurement's noise (recipe_sweep.failed_clearly: two standard errors below its base
 # on the judge or the learned reward, or the diversity two of its own noise below the 75% line); a
@@ -143,7 +148,8 @@ def score(
     for r in records:
         verdict = rs.per_run(r)
         failed = bool(verdict["failed"])
-        first = {k: v for k, v in replay_alarms(_probe_rows(r), rules).items() if v is not None}
+        replay = replay_alarms(_probe_rows(r), rules, r.get("base"))
+        first = {k: v for k, v in replay.items() if v is not None}
         timely = any(v < rs.ALARM_BY for v in first.values())
         n_failed += failed
         n_healthy += not failed
@@ -156,13 +162,14 @@ def score(
 
 
 def _probe_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's probe rows with only what the probe rules read (step, ``probe/*``), kept
-    on the record: the grid replays each run a few thousand times."""
+    """The record's probe and evaluation rows with only what the rules read (step,
+    ``probe/*``, the evaluation's diversity), kept on the record: the grid replays each run a
+    few thousand times."""
     if "_probe_rows" not in r:
         r["_probe_rows"] = [
-            {k: v for k, v in row.items() if k == "step" or k.startswith("probe/")}
+            {k: v for k, v in row.items() if k in READ or k.startswith("probe/")}
             for row in r["rows"]
-            if isinstance(row.get("probe/reward"), int | float)
+            if any(isinstance(row.get(k), int | float) for k in ("probe/reward", EVAL_DIV))
         ]
     return r["_probe_rows"]
 
@@ -282,7 +289,7 @@ def alone(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Each alarm on its own under the same rules: the failed runs it catches before step
     ``ALARM_BY`` and the healthy runs it fires on (``score``'s per-run first steps)."""
     out = {}
-    for name in PROBE_ALARMS:
+    for name in (*PROBE_ALARMS, *EVAL_ALARMS):
         caught = sum(x["failed"] and x["alarms"].get(name, 99) < rs.ALARM_BY for x in runs)
         false = sum(not x["failed"] and name in x["alarms"] for x in runs)
         out[name] = {"caught": caught, "false": false}
@@ -351,15 +358,17 @@ def markdown(c: dict[str, Any]) -> str:
     if c.get("entropy_filled"):
         out[0] += (f" {c['entropy_filled']} records predate the base's logged entropy: their "
                    f"kl_excess rule uses the base's entropy measured on their seed ({BASE_ENTROPY}).")  # fmt: skip
-    head = ("| rules | judge se | reward se | diversity share | drift z | KL share | persist | "
-            "caught | false |")  # fmt: skip
+    head = ("| rules | judge se | reward se | diversity share | eval diversity share | drift z | "
+            "KL share | persist | caught | false |")  # fmt: skip
     out += ["", head + (" caught, held out | false, held out |" if held else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if held else "")]  # fmt: skip
+            "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if held else "")]  # fmt: skip
     for name, g in [("today", t), *[("front", g) for g in c["front"]]]:
         r = g["rules"]
         kl = "off" if r["kl_share"] >= 1e8 else f"{r['kl_share']:g}"
-        row = (f"| {name} | {r['judge_drop_se']:g} | {r['reward_drop_se']:g} | "
-               f"{r['diversity_share']:g} | {r['drift_z']:g} | {kl} | {r['persist_probes']} | "
+        div, ev = (f"{r[k]:g}" if r[k] > 0 else "off"
+                   for k in ("diversity_share", "eval_diversity_share"))  # fmt: skip
+        row = (f"| {name} | {r['judge_drop_se']:g} | {r['reward_drop_se']:g} | {div} | {ev} | "
+               f"{r['drift_z']:g} | {kl} | {r['persist_probes']} | "
                f"{g['caught']}/{g['failed']} | {g['false']}/{g['healthy']} |")  # fmt: skip
         if held:
             h = g["confirm"]

@@ -12,10 +12,13 @@ import torch
 
 from maskgrpo_ray.runlog.monitors import image_statistics
 from maskgrpo_ray.runlog.probe_alarms import (
+    EVAL_ALARMS,
+    EVAL_KEPT,
     IMAGE,
     PROBE_ALARMS,
     ProbeRules,
     base_figures,
+    eval_alarm_flags,
     probe_alarm_flags,
     probe_rule_flags,
     probe_z,
@@ -223,7 +226,29 @@ def test_shapes_renders_swapped_for_black_or_blobs_trip_drift_and_fresh_renders_
 def test_every_probe_alarm_is_an_alarm_the_summary_counts():
     from maskgrpo_ray.runlog.monitors import ALARMS
 
-    assert set(PROBE_ALARMS) <= set(ALARMS)
+    assert set(PROBE_ALARMS) <= set(ALARMS) and set(EVAL_ALARMS) <= set(ALARMS)
+
+
+def test_the_evaluations_diversity_under_its_share_of_the_bases_trips_eval_diversity_loss():
+    """The in-run evaluation's rule: its pairwise diversity against the base evaluation's, a
+    plain share (the evaluation's 40 x 12 samples leave it little noise); off at share 0, silent
+    where there is no evaluation or no base; the replay finds the first evaluation under it."""
+    key, alarm = "eval_diversity/pairwise", "monitor/alarm/eval_diversity_loss"
+    base, rules = {key: 0.20}, ProbeRules(eval_diversity_share=0.85)
+    kept = eval_alarm_flags({"step": 19, key: 0.18}, base, rules)
+    assert kept[EVAL_KEPT] == pytest.approx(0.9) and kept[alarm] == 0.0
+    lost = eval_alarm_flags({"step": 39, key: 0.16}, base, rules)
+    assert lost[EVAL_KEPT] == pytest.approx(0.8) and lost[alarm] == 1.0
+    assert (
+        eval_alarm_flags({"step": 39, key: 0.16}, base, ProbeRules(eval_diversity_share=0))[alarm]
+        == 0.0
+    )
+    assert eval_alarm_flags({"step": 5, "reward_mean": 1.0}, base, rules) == {}  # no evaluation
+    assert eval_alarm_flags({"step": 39, key: 0.16}, {}, rules) == {}  # no base
+    rows = [{"step": s, "reward_mean": 0.0} for s in range(60)]
+    rows[19][key], rows[39][key], rows[59][key] = 0.19, 0.15, 0.12
+    assert replay_alarms(rows, rules, base)["eval_diversity_loss"] == 39
+    assert replay_alarms(rows, rules)["eval_diversity_loss"] is None  # no base: not replayed
 
 
 # --------------------------------------------------------------------------- a tiny run
@@ -248,10 +273,15 @@ def test_a_tiny_run_logs_the_probe_figures_and_its_kl(tmp_path, caplog):
         "train.learning_rate=0.01",
         "logging.monitors.probe_every_steps=2",
         "logging.monitors.probe_prompts=8",
+        "eval.every_steps=2",
         "run.export_final_policy=false",
     )
     assert main(train_argv(run, over)) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [
+        r for r in rows if "eval_diversity/pairwise" in r
+    ]  # steps 1 and 3: the rule reads them
+    assert [r["step"] for r in evals] == [1, 3] and all(EVAL_KEPT in r for r in evals)
     base, later = rows[0], [r for r in rows if r["step"] in (2, 4)]
     for key in ("reward", "kl", "entropy", "colour_entropy", "dark"):
         assert math.isfinite(base[f"probe/{key}"]), key
@@ -263,10 +293,10 @@ def test_a_tiny_run_logs_the_probe_figures_and_its_kl(tmp_path, caplog):
     assert all("probe/z/reward" in r for r in later)
     flagged = {
         name: next((r["step"] for r in rows if r.get(f"monitor/alarm/{name}") == 1.0), None)
-        for name in PROBE_ALARMS
+        for name in (*PROBE_ALARMS, *EVAL_ALARMS)
     }
-    assert replay_alarms(rows, ProbeRules()) == flagged
     summary = json.loads((run / "summary.json").read_text())
+    assert replay_alarms(rows, ProbeRules(), summary["base_eval"]) == flagged
     assert set(PROBE_ALARMS) <= set(summary["monitors"]["alarms"])
     # the probe's KL and its second draw change nothing of what the run learns
     plain = tmp_path / "plain"
@@ -282,6 +312,10 @@ def test_stop_on_names_an_alarm():
     with pytest.raises(ValueError, match="stop_on names .*not an alarm"):
         Config.model_validate({"logging": {"monitors": {"stop_on": ["judge_dorp"]}}})
     Config.model_validate({"logging": {"monitors": {"stop_on": ["judge_drop", "drift"]}}})
+    no_eval = {"eval": {"every_steps": 0}, "logging": {"monitors": {"stop_on": EVAL_ALARMS}}}
+    with pytest.raises(ValueError, match="eval_diversity_loss.*eval.every_steps=0"):
+        Config.model_validate(no_eval)
+    Config.model_validate({**no_eval, "eval": {"every_steps": 10}})
 
 
 @pytest.mark.slow

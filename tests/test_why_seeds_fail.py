@@ -74,7 +74,7 @@ def test_alarm_calibration_counts_caught_and_false_alarms(monkeypatch):
         r["seed"] = i
     # seed 0 (failed) alarmed at 10, seed 1 (failed) only at 50, seed 2 (healthy) at 30
     firsts = {0: {"judge_drop": 10}, 1: {"reward_drop": 50}, 2: {"probe_drift": 30}}
-    monkeypatch.setattr(ac, "replay_alarms", lambda rows, rules: firsts[rows[0]["seed"]])
+    monkeypatch.setattr(ac, "replay_alarms", lambda rows, rules, base: firsts[rows[0]["seed"]])
     monkeypatch.setattr(ac, "_probe_rows", lambda r: r["rows"])  # the fake reads the seed
     for i, r in enumerate(recs):
         r["rows"][0]["seed"] = i
@@ -93,7 +93,7 @@ def test_alarm_calibration_scores_the_front_on_seeds_it_was_not_chosen_on(monkey
         r["seed"] = i
         r["rows"][0]["seed"] = i
 
-    def replay(rows, rules):  # seed 0 alarms at any threshold; held-out seed 3 below judge 4
+    def replay(rows, rules, base):  # seed 0 alarms at any threshold; held-out 3 below judge 4
         s = rows[0]["seed"]
         return {"judge_drop": 10} if s == 0 or (s == 3 and rules.judge_drop_se < 4) else {}
 
@@ -265,7 +265,7 @@ def test_the_calibration_replays_the_probe_rows_alone_and_ranks_each_early_figur
     figure is worse than a healthy run's; the KL counted in the base's entropy, turned so that
     lower is worse."""
     from bench import alarm_calibration as ac
-    from maskgrpo_ray.runlog.probe_alarms import replay_alarms
+    from maskgrpo_ray.runlog.probe_alarms import ProbeRules, replay_alarms
 
     def rec(gain: float, z_div: float, kl: float, seed: int) -> dict:
         r = _record(0.1, 0.0, gain)
@@ -280,10 +280,18 @@ def test_the_calibration_replays_the_probe_rows_alone_and_ranks_each_early_figur
 
     runs = [rec(-0.2, -4.0, 0.5, 0), rec(-0.2, -1.0, 0.1, 1), rec(0.2, -2.0, 0.05, 2),
             rec(0.2, 0.0, 0.06, 3)]  # fmt: skip
+    runs[1]["rows"][19]["eval_diversity/pairwise"] = 0.8  # the evaluation: 80% of the base's
     for r in runs:
-        assert replay_alarms(ac._probe_rows(r)) == replay_alarms(r["rows"])
-        assert all(set(x) <= {"step"} | {k for k in x if k.startswith("probe/")}
-                   for x in ac._probe_rows(r))  # fmt: skip
+        slim = ac._probe_rows(r)
+        assert replay_alarms(slim, None, r["base"]) == replay_alarms(r["rows"], None, r["base"])
+        assert all(set(x) <= {"step", ac.EVAL_DIV} | {k for k in x if k.startswith("probe/")}
+                   for x in slim)  # fmt: skip
+    assert (
+        replay_alarms(ac._probe_rows(runs[1]), None, runs[1]["base"])["eval_diversity_loss"] == 19
+    )
+    only = ProbeRules(judge_drop_se=1e9, reward_drop_se=1e9, diversity_share=0, kl_share=1e9)
+    caught = ac.score(runs, only)  # the evaluation's rule alone
+    assert [x["alarms"] for x in caught["runs"]][:2] == [{}, {"eval_diversity_loss": 19}]
     sig = ac.early_signal(runs[0], 20)
     assert math.isclose(sig["diversity"], -4.0) and math.isclose(sig["kl"], -2.5)
     assert math.isclose(sig["reward"], -2.0)

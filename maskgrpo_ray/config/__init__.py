@@ -55,7 +55,7 @@ from maskgrpo_ray.config.training import (
     TrainConfig,
 )
 from maskgrpo_ray.errors import UserError, read_utf8
-from maskgrpo_ray.runlog.probe_alarms import PROBE_ALARMS
+from maskgrpo_ray.runlog.probe_alarms import EVAL_ALARMS, PROBE_ALARMS
 
 __all__ = [
     "RENAMED_FIELDS",
@@ -282,6 +282,15 @@ def _lever_rules(cfg: Config) -> None:
                 f"are off (enabled={mon.enabled}) or it needs the probe (probe_prompts="
                 f"{mon.probe_prompts}, probe_every_steps={mon.probe_every_steps}); turn them "
                 "on or drop it from stop_on"
+            )
+        evaluating = 0 < cfg.eval.every_steps < cfg.train.steps
+        if name in EVAL_ALARMS and not (evaluating and mon.eval_diversity_share > 0):
+            raise ValueError(
+                f"logging.monitors.stop_on names {name!r}, which cannot trip without an in-run "
+                f"evaluation (eval.every_steps={cfg.eval.every_steps} with train.steps="
+                f"{cfg.train.steps}) and a rule (logging.monitors.eval_diversity_share="
+                f"{mon.eval_diversity_share}); set eval.every_steps below train.steps and the "
+                "share above 0, or drop it from stop_on"
             )
         if name == "kl_excess" and not mon.probe_kl:
             raise ValueError(

@@ -179,6 +179,15 @@ class MonitorsConfig(Strict):
     persist_probes: int = Field(
         1, ge=1, description="probes in a row a probe alarm's rule must hold to trip"
     )
+    eval_diversity_share: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="eval_diversity_loss alarm: the in-run evaluation's pairwise diversity "
+        "(eval.every_steps; its prompts and seeds) below this share of the base model's "
+        "evaluation's; 0: off. 0.85 is about 5 of the diversity's own noise below the base in "
+        "the shapes world (docs/alarm_calibration.md)",
+    )
     probe_kl: bool = Field(
         True,
         description="log probe/kl, the KL of the policy to its base on the probe's samples "

@@ -198,7 +198,7 @@ class _Loop:
             rb = out.grid
             self.runlog.save_sample_grid(rb.images, step, rb.group_size, rb.prompts)
         if self.monitor is not None:
-            row.update(self.monitor.observe(self.runlog.rows, row))
+            row.update(self.monitor.observe(self.runlog.rows, row, self.base))
             alarm = self.monitor.stops()
             if alarm is not None and not stop.requested:  # logging.monitors.stop_on
                 stop.signal_name, stop.t_signal = f"monitor alarm {alarm!r}", time.monotonic()

@@ -21,11 +21,14 @@ from maskgrpo_ray.loop.executor import Executor
 from maskgrpo_ray.loop.held_out import BaseDigest, evaluate_base
 from maskgrpo_ray.runlog.monitors import MonitorRules, monitor_figures, newly_tripped
 from maskgrpo_ray.runlog.probe_alarms import (
+    EVAL_ALARMS,
+    EVAL_KEPT,
     EVAL_KEYS,
     PROBE_ALARMS,
     ProbeRules,
     Z,
     base_figures,
+    eval_alarm_flags,
     per_prompt,
     probe_alarm_flags,
 )
@@ -88,6 +91,7 @@ class Monitor:
             drift_z=m.drift_z,
             kl_share=m.kl_share,
             persist_probes=m.persist_probes,
+            eval_diversity_share=m.eval_diversity_share,
         )
         self.stop_on = set(m.stop_on)
         self.every = m.probe_every_steps if m.probe_prompts else 0
@@ -133,13 +137,21 @@ class Monitor:
         draw_a = {f: per_prompt(out, labels_a, key) for f, key in EVAL_KEYS.items()}
         return base_figures(draw_a, draw_b, self.samples)
 
-    def observe(self, rows: Sequence[Mapping[str, Any]], row: dict[str, Any]) -> dict[str, float]:
-        """The rules' figures for ``row`` after the run's earlier ``rows``; a WARNING line for
+    def observe(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        row: dict[str, Any],
+        base_eval: Mapping[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """The rules' figures for ``row`` after the run's earlier ``rows`` (``base_eval``: the
+        base model's evaluation, for the rules on the in-run evaluation); a WARNING line for
         each alarm that trips here for the first time in the run."""
         t0 = time.perf_counter()
         history = sorted((r for r in rows if r.get("step", -1) < row["step"]), key=_step)
         figs = monitor_figures(history, row, self.rules)
         figs.update(probe_alarm_flags(history, {**row, **figs}, self.probe_rules))
+        if base_eval is not None:
+            figs.update(eval_alarm_flags(row, base_eval, self.probe_rules))
         self.tripped = newly_tripped(history, figs)
         for name in self.tripped:
             log.warning(
@@ -169,6 +181,12 @@ def _why(name: str, figs: Mapping[str, float]) -> str:
         return (
             f"the probe moved from the base's probe (in the base's standard errors): {z}; "
             f"KL to the base {kl:.3f} nats per token"
+        )
+    if name in EVAL_ALARMS:
+        kept = figs.get(EVAL_KEPT, math.nan)
+        return (
+            f"the in-run evaluation keeps {kept:.1%} of the base model's pairwise diversity "
+            "(its samples are growing alike: diversity collapse)"
         )
     if name == "drift":
         parts = [

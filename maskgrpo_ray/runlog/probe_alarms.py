@@ -16,7 +16,8 @@ Figures (``metrics.jsonl``, at probe steps): ``probe/<fig>`` (the probe's mean),
 of the base's per-prompt means over both draws (the base's spread of that statistic across
 prompts and draws). The alarms (``monitor/alarm/<name>``, 1.0 at a probe step where the rule
 holds) are functions of those rows: :func:`probe_alarm_flags` for one probe,
-:func:`replay_alarms` for a whole recorded run.
+:func:`replay_alarms` for a whole recorded run. One more rule reads the in-run evaluation
+instead of the probe (:func:`eval_alarm_flags`: its diversity against the base evaluation's).
 
 Pure functions on floats and on a run's rows; no torch.
 """
@@ -41,9 +42,11 @@ EVAL_KEYS = {
 }
 SE_FIGURES = (JUDGE, REWARD, DIVERSITY)  # compared in standard errors of the base
 PROBE_ALARMS = ("judge_drop", "reward_drop", "diversity_loss", "probe_drift", "kl_excess")
-ALL_ALARMS = ("hacking", "probe_hacking", "drift", *PROBE_ALARMS)  # every monitor alarm
+EVAL_ALARMS = ("eval_diversity_loss",)  # rules on the in-run evaluation (eval.every_steps)
+ALL_ALARMS = ("hacking", "probe_hacking", "drift", *PROBE_ALARMS, *EVAL_ALARMS)  # every alarm
 ALARM = "monitor/alarm/"
 BASE_B, SE, Z = "probe/base_b/", "probe/se/", "probe/z/"
+EVAL_KEPT = "monitor/eval_diversity_kept"  # the evaluation's diversity / the base evaluation's
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class ProbeRules:
     drift_z: float = 2.5  # |image statistic - base| beyond this many base spreads
     kl_share: float = 1.75  # KL to the base above this share of the base's entropy per token
     persist_probes: int = 1  # consecutive probes a rule must hold to trip
+    eval_diversity_share: float = 0.85  # the evaluation's diversity below this share of the base's
 
 
 # --------------------------------------------------------------------------- the base
@@ -195,17 +199,43 @@ def probe_alarm_flags(
     return out
 
 
+def eval_alarm_flags(
+    row: Mapping[str, Any], base_eval: Mapping[str, Any], rules: ProbeRules
+) -> dict[str, float]:
+    """At an in-run evaluation (a row with ``eval_diversity/pairwise``): the share of the base
+    evaluation's pairwise diversity it keeps (:data:`EVAL_KEPT`; ``base_eval``: the run's
+    evaluation of its base model, same prompts and seeds) and ``eval_diversity_loss``, that
+    share below ``eval_diversity_share`` (0: the rule off). Unlike the probe's 8 prompts, the
+    evaluation's (``eval.prompts`` x ``eval.samples_per_prompt``) measure the diversity with
+    little noise of their own, so the rule needs no standard error. ``{}`` at a row that is no
+    evaluation or without the base's diversity."""
+    now, then = row.get(EVAL_KEYS[DIVERSITY], math.nan), base_eval.get(EVAL_KEYS[DIVERSITY], 0)
+    if not (_finite(now) and _finite(then)) or float(then) <= 0:
+        return {}
+    kept = float(now) / float(then)
+    return {EVAL_KEPT: kept, ALARM + EVAL_ALARMS[0]: float(kept < rules.eval_diversity_share)}
+
+
 def replay_alarms(
-    rows: Sequence[Mapping[str, Any]], rules: ProbeRules | None = None
+    rows: Sequence[Mapping[str, Any]],
+    rules: ProbeRules | None = None,
+    base_eval: Mapping[str, Any] | None = None,
 ) -> dict[str, int | None]:
     """The probe alarms' first steps over a recorded run (``metrics.jsonl``'s rows, any
     order) under ``rules`` (default: today's thresholds): the rules re-evaluated from the
     probes' raw figures and the base's calibration the rows hold, so thresholds can be
-    checked against finished runs without running them again. None: the alarm never trips."""
+    checked against finished runs without running them again; with ``base_eval`` (the run's
+    base evaluation, ``summary.json``'s), the evaluation's rules too. None: the alarm never
+    trips."""
     rules = rules or ProbeRules()
     keep = (ALARM, "monitor/probe_rule/", Z)
     history: list[dict[str, Any]] = []
-    first: dict[str, int | None] = dict.fromkeys(PROBE_ALARMS)
+    first: dict[str, int | None] = dict.fromkeys((*PROBE_ALARMS, *EVAL_ALARMS))
+    for r in sorted(rows, key=lambda r: int(r["step"])):
+        flags = {} if base_eval is None else eval_alarm_flags(r, base_eval, rules)
+        for name in EVAL_ALARMS:
+            if flags.get(ALARM + name) == 1.0 and first[name] is None:
+                first[name] = int(r["step"])
     probes = [r for r in rows if _finite(r.get(f"probe/{REWARD}"))]  # the rest carry no alarm
     for r in sorted(probes, key=lambda r: int(r["step"])):
         row = {k: v for k, v in r.items() if not k.startswith(keep)}
