@@ -57,7 +57,7 @@ GRID = {
     "judge_drop_se": (2.0, 2.5, 3.0, 4.0, 5.0),
     "reward_drop_se": (2.0, 3.0, 4.0, 5.0),
     "diversity_share": (0.0, 0.75, 0.85),  # 0: the probe's rule off
-    "eval_diversity_share": (0.0, 0.75, 0.85),  # 0: the evaluation's rule off
+    "eval_diversity_share": (0.0, 0.75, 0.8, 0.85),  # 0: the evaluation's rule off
     "drift_z": (2.5, 4.0),
     "kl_share": (1.0, 1.5, 1.75, 2.0, 3.0, 1e9),  # 1e9: the rule off
     "persist_probes": (1, 2),

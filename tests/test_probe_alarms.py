@@ -86,9 +86,10 @@ def test_a_healthy_series_trips_none_on_many_seeds():
 
 
 def test_the_judge_falling_trips_judge_drop_and_replay_agrees_with_the_live_rule():
-    rows = _series([(20.0, 0.4, 0.4), (20.5, 0.3, 0.4), (21.0, 0.1, 0.4)], seed=3)
-    first = replay_alarms(rows)
-    assert first["judge_drop"] == 20, first
+    rows = _series([(20.0, 0.4, 0.4), (20.5, 0.3, 0.4), (21.0, 0.1, 0.4), (21.0, 0.1, 0.4)], 3)
+    first = replay_alarms(rows)  # below at 20 and 30: two probes in a row (persist_probes 2)
+    assert first["judge_drop"] == 30, first
+    assert replay_alarms(rows, ProbeRules(persist_probes=1))["judge_drop"] == 20
     # the live rule (row by row, as the driver's monitor) gives the same flags
     history: list[dict] = []
     for r in rows:
@@ -102,8 +103,9 @@ def test_the_judge_falling_trips_judge_drop_and_replay_agrees_with_the_live_rule
 
 def test_persistence_needs_consecutive_probes():
     rows = _series([(20.0, 0.3, 0.4), (18.0, 0.3, 0.4), (20.0, 0.3, 0.4), (18.0, 0.3, 0.4)])
-    assert replay_alarms(rows)["reward_drop"] == 10
+    assert replay_alarms(rows, ProbeRules(persist_probes=1))["reward_drop"] == 10
     assert replay_alarms(rows, ProbeRules(persist_probes=2))["reward_drop"] is None
+    assert ProbeRules().persist_probes == 2  # the default: a one-probe dip does not trip
 
 
 def _kl_rows(kl: float, entropy0: float = 0.23) -> list[dict]:
@@ -114,15 +116,16 @@ def _kl_rows(kl: float, entropy0: float = 0.23) -> list[dict]:
 
 
 def test_kl_excess_measures_the_kl_in_the_bases_own_entropy():
-    h0, share = 0.23, ProbeRules().kl_share
-    assert replay_alarms(_kl_rows(1.05 * share * h0, h0))["kl_excess"] == 10
-    assert replay_alarms(_kl_rows(0.95 * share * h0, h0))["kl_excess"] is None
+    h0, once = 0.23, ProbeRules(persist_probes=1)  # the rule at one probe
+    share = once.kl_share
+    assert replay_alarms(_kl_rows(1.05 * share * h0, h0), once)["kl_excess"] == 10
+    assert replay_alarms(_kl_rows(0.95 * share * h0, h0), once)["kl_excess"] is None
     # the same KL against a base four times as uncertain is a quarter of the move: no alarm
-    assert replay_alarms(_kl_rows(1.05 * share * h0, 4 * h0))["kl_excess"] is None
+    assert replay_alarms(_kl_rows(1.05 * share * h0, 4 * h0), once)["kl_excess"] is None
     # a run logged without the base's entropy (or without the KL) has no such rule
     rows = _kl_rows(10.0)
     del rows[0]["probe/entropy"]
-    assert replay_alarms(rows)["kl_excess"] is None
+    assert replay_alarms(rows, once)["kl_excess"] is None
     assert "kl_excess" not in probe_rule_flags(
         {"probe/kl": 10.0}, {"probe/entropy": 0.0}, ProbeRules()
     )

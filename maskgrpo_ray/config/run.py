@@ -177,15 +177,18 @@ class MonitorsConfig(Strict):
         "policy has moved that share of its base's uncertainty away; needs probe_kl",
     )
     persist_probes: int = Field(
-        1, ge=1, description="probes in a row a probe alarm's rule must hold to trip"
+        2,
+        ge=1,
+        description="probes in a row a probe alarm's rule must hold to trip (2: a one-probe dip "
+        "is the probe's own noise more often than not; docs/alarm_calibration.md)",
     )
     eval_diversity_share: float = Field(
-        0.85,
+        0.8,
         ge=0,
         le=1,
         description="eval_diversity_loss alarm: the in-run evaluation's pairwise diversity "
         "(eval.every_steps; its prompts and seeds) below this share of the base model's "
-        "evaluation's; 0: off. 0.85 is about 5 of the diversity's own noise below the base in "
+        "evaluation's; 0: off. 0.8 is about 7 of the diversity's own noise below the base in "
         "the shapes world (docs/alarm_calibration.md)",
     )
     probe_kl: bool = Field(

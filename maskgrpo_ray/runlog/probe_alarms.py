@@ -59,8 +59,8 @@ class ProbeRules:
     diversity_drop_se: float = 2.0  # ... and below it by more than this many base se
     drift_z: float = 2.5  # |image statistic - base| beyond this many base spreads
     kl_share: float = 1.75  # KL to the base above this share of the base's entropy per token
-    persist_probes: int = 1  # consecutive probes a rule must hold to trip
-    eval_diversity_share: float = 0.85  # the evaluation's diversity below this share of the base's
+    persist_probes: int = 2  # consecutive probes a rule must hold to trip
+    eval_diversity_share: float = 0.8  # the evaluation's diversity below this share of the base's
 
 
 # --------------------------------------------------------------------------- the base
