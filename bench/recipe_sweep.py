@@ -318,8 +318,9 @@ def markdown(rows: list[dict], steps: int, noise: tuple[float, int] = (math.nan,
         f"{NOISE_SE:g} of its standard errors where the run recorded them, else at all), or under "
         f"{KEEP_DIVERSITY:.0%} of the base's pairwise diversity; 'below 0' counts the seeds "
         "with any negative gain. "
-        f"Alarms (runs recorded with the probe alarms only): failed runs caught before step "
-        f"{ALARM_BY} / healthy runs alarmed.",
+        f"Alarms (runs recorded with the probe alarms only; as each run logged them, under the "
+        f"rules of its day: docs/alarm_calibration.md replays today's): failed runs caught "
+        f"before step {ALARM_BY} / healthy runs alarmed.",
         "",
         f"The diversity kept's own noise (sampling alone, from the base's probe drawn twice at "
         f"step 0 on {bases} bases, scaled to the evaluation's prompts): a standard deviation of "
