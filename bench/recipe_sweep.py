@@ -157,6 +157,10 @@ VARIANTS: dict[str, list[str]] = {
     "anchored, updates 2": ["train.updates_per_batch=2"],
     # the anchor itself: fewer layout steps held (the reward trains 14 of 16)
     "anchored, first 2 steps": ["train.anchor_unmasking_steps=2"],
+    # m 2 gained less than m 4 on seeds 0-4: does holding more layout steps gain more still, and
+    # does a firmer hold on the same 4 steps?
+    "anchored, first 6 steps": ["train.anchor_unmasking_steps=6"],
+    "anchored, anchor KL 0.2": ["train.anchor_kl_coef=0.2"],
 }
 
 
